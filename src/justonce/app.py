@@ -1,0 +1,225 @@
+"""App: the task registry and the facade over one backend.
+
+Validation, logging and error translation happen here once, so the worker, the CLI and
+user code all see the same behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, overload
+
+from . import validate
+from .backends import Backend, open_backend, resolve_url
+from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
+from .models import Job, NewJob, QueueCount
+from .retry import Backoff
+from .tasks import Enqueue, Task
+from .types import JobState
+
+log = logging.getLogger("justonce")
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 20
+DEFAULT_TIMEOUT = 300.0
+
+
+class App:
+    """Register tasks and enqueue work.
+
+    ``database_url`` defaults to ``$JUSTONCE_DATABASE_URL``, else ``sqlite:///justonce.db``.
+    With ``strict`` (the default) enqueueing a task name the app has not registered raises
+    :class:`UnknownTask`; a client that only enqueues for workers elsewhere uses
+    ``strict=False`` and a worker that does not know the task marks the job dead.
+    """
+
+    def __init__(self, database_url: str | None = None, *, strict: bool = True) -> None:
+        self.database_url = resolve_url(database_url)
+        self.strict = strict
+        self.tasks: dict[str, Task] = {}
+        self._backend: Backend | None = None
+        self._lock = threading.Lock()
+
+    # -- wiring -------------------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None:
+                    self._backend = open_backend(self.database_url)
+        return self._backend
+
+    def use_database(self, url: str) -> None:
+        """Point the app at another database (the CLI's ``--database-url``)."""
+        self.close()
+        self.database_url = resolve_url(url)
+
+    def migrate(self) -> list[str]:
+        """Apply missing schema migrations; returns their names."""
+        return self.backend.migrate()
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    # -- tasks --------------------------------------------------------------------------
+    @overload
+    def task(self, fn: Callable[..., Any], /) -> Task: ...
+
+    @overload
+    def task(
+        self, fn: None = None, /, *, name: str | None = None, queue: str = DEFAULT_QUEUE,
+        priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float = DEFAULT_TIMEOUT, backoff: Backoff | Callable[[int], float] | None = None,
+    ) -> Callable[[Callable[..., Any]], Task]: ...
+
+    def task(
+        self, fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
+        queue: str = DEFAULT_QUEUE, priority: int = 0, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float = DEFAULT_TIMEOUT, backoff: Backoff | Callable[[int], float] | None = None,
+    ) -> Task | Callable[[Callable[..., Any]], Task]:
+        """Register a function as a task (``@app.task`` or ``@app.task(queue=…)``).
+
+        ``timeout``: seconds one attempt may run before it counts as failed.
+        ``backoff``: a :class:`Backoff` or ``f(attempt) -> seconds``.
+        """
+
+        def register(f: Callable[..., Any]) -> Task:
+            task_name = validate.task_name(name or f"{f.__module__}.{f.__qualname__}")
+            if task_name in self.tasks:
+                raise InvalidOption(f"task {task_name!r} is registered twice")
+            if backoff is not None and not (isinstance(backoff, Backoff) or callable(backoff)):
+                raise InvalidOption("backoff must be a Backoff or a callable(attempt) -> seconds")
+            t = Task(
+                app=self, fn=f, name=task_name, queue=validate.queue_name(queue),
+                priority=validate.priority(priority),
+                max_attempts=validate.attempts(max_attempts),
+                timeout=validate.timeout(timeout), backoff=backoff or Backoff(),
+            )
+            self.tasks[task_name] = t
+            return t
+
+        return register(fn) if fn is not None else register
+
+    def _resolve(self, task: str | Task) -> tuple[str, Task | None]:
+        if isinstance(task, Task):
+            return task.name, task
+        name = validate.task_name(task)
+        known = self.tasks.get(name)
+        if known is None and self.strict:
+            raise UnknownTask(
+                f"unknown task {name!r}: register it with @app.task"
+                + (f" (known: {', '.join(sorted(self.tasks))})" if self.tasks else "")
+            )
+        return name, known
+
+    # -- enqueue ------------------------------------------------------------------------
+    def build(self, req: Enqueue) -> NewJob:
+        """Validate one request into the row to insert (no database access)."""
+        name, t = self._resolve(req.task)
+        args_json, kwargs_json = validate.arguments(req.args, req.kwargs)
+        if req.delay is not None and req.run_at is not None:
+            raise InvalidOption("give delay or run_at, not both")
+        return NewJob(
+            task=name,
+            queue=validate.queue_name(req.queue or (t.queue if t else DEFAULT_QUEUE)),
+            args_json=args_json, kwargs_json=kwargs_json,
+            priority=validate.priority(req.priority if req.priority is not None else (t.priority if t else 0)),
+            max_attempts=validate.attempts(
+                req.max_attempts if req.max_attempts is not None
+                else (t.max_attempts if t else DEFAULT_MAX_ATTEMPTS)
+            ),
+            timeout=validate.timeout(
+                req.timeout if req.timeout is not None else (t.timeout if t else DEFAULT_TIMEOUT)
+            ),
+            delay=validate.delay(req.delay) if req.delay is not None else 0.0,
+            run_at=validate.run_at(req.run_at) if req.run_at is not None else None,
+            key=validate.optional_key(req.key),
+            partition_key=validate.optional_key(req.partition_key, "partition_key"),
+        )
+
+    def enqueue(
+        self, task: str | Task, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
+        delay: float | timedelta | None = None, run_at: datetime | None = None,
+        priority: int | None = None, queue: str | None = None, key: str | None = None,
+        partition_key: str | int | None = None, max_attempts: int | None = None,
+        timeout: float | None = None, conn: Any = None,
+    ) -> Job:
+        """Queue one job and return it.
+
+        ``key``: while a live (scheduled, ready or running) job holds the key, enqueueing
+        it again returns that job with ``duplicate=True`` instead of a second one.
+        ``conn``: your own open psycopg or sqlite3 connection; the job is inserted in your
+        transaction and exists only if you commit it.
+        """
+        new = self.build(Enqueue(
+            task, args=tuple(args), kwargs=kwargs, delay=delay, run_at=run_at,
+            priority=priority, queue=queue, key=key, partition_key=partition_key,
+            max_attempts=max_attempts, timeout=timeout,
+        ))
+        return self.backend.job_insert(new, conn=conn)
+
+    def enqueue_many(self, requests: Iterable[Enqueue], conn: Any = None) -> list[int]:
+        """Queue many jobs atomically in one round trip; returns ids in input order.
+        Every request is validated before anything is written."""
+        rows = [self.build(r) for r in requests]
+        return self.backend.job_insert_many(rows, conn=conn) if rows else []
+
+    # -- look-ups and operator actions --------------------------------------------------
+    def get_job(self, job_id: int) -> Job:
+        job = self.backend.job_get(_job_id(job_id))
+        if job is None:
+            raise JobNotFound(f"no job {job_id}")
+        return job
+
+    def list_jobs(
+        self, *, state: str | JobState | None = None, queue: str | None = None,
+        task: str | None = None, limit: int = 50,
+    ) -> list[Job]:
+        st = JobState(state).value if state is not None else None
+        if not isinstance(limit, int) or not 1 <= limit <= 10000:
+            raise InvalidOption("limit must be in [1, 10000]")
+        return self.backend.job_list(state=st, queue=queue, task=task, limit=limit)
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a scheduled, ready or running job. A running job's worker can no longer
+        complete it (its write is rejected)."""
+        job = self.backend.job_cancel(_job_id(job_id))
+        if job is None:
+            current = self.get_job(job_id)
+            raise InvalidTransition(f"job {job_id} is {current.state}: only live jobs can be cancelled")
+        log.info("job cancelled", extra={"job_id": job.id})
+        return job
+
+    def retry(self, job_id: int) -> Job:
+        """Make a dead or cancelled job ready again, with its attempts reset."""
+        job = self.backend.job_retry(_job_id(job_id))
+        if job is None:
+            current = self.get_job(job_id)
+            raise InvalidTransition(
+                f"job {job_id} is {current.state}: only dead or cancelled jobs can be retried"
+            )
+        return job
+
+    def queue_counts(self) -> list[QueueCount]:
+        return self.backend.queue_counts()
+
+    def wait(self, job_id: int, timeout: float = 30.0, poll: float = 0.05) -> Job:
+        """Poll until the job is finished (succeeded, dead or cancelled) or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get_job(job_id)
+            if not job.state.is_live or time.monotonic() >= deadline:
+                return job
+            time.sleep(poll)
+
+
+def _job_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidOption(f"job id must be a positive integer, not {value!r}")
+    return value

@@ -1,0 +1,47 @@
+"""Backends: pick one from a database URL."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from .base import Backend
+
+DEFAULT_URL = "sqlite:///justonce.db"
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL given, else ``$JUSTONCE_DATABASE_URL``, else the embedded default."""
+    return url or os.environ.get("JUSTONCE_DATABASE_URL") or DEFAULT_URL
+
+
+def open_backend(url: str | None = None) -> Backend:
+    """Open the backend named by the URL's scheme.
+
+    ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` (query options
+    ``synchronous``, ``busy_timeout``), ``postgresql://user@host:port/db`` (query option
+    ``schema`` to keep justonce's tables in a schema of their own).
+    """
+    url = resolve_url(url)
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"malformed database URL {url!r}: expected sqlite:///path.db or "
+            "postgresql://user@host:port/dbname"
+        )
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "sqlite":
+        from .sqlite.backend import SQLiteBackend
+
+        return SQLiteBackend(url)
+    if scheme in ("postgresql", "postgres"):
+        from .postgres.backend import PostgresBackend
+
+        return PostgresBackend(url)
+    raise ConfigurationError(
+        f"unsupported database URL scheme {scheme!r} in {url!r}: use sqlite:///path.db "
+        "or postgresql://user@host:port/dbname"
+    )
+
+
+__all__ = ["Backend", "DEFAULT_URL", "open_backend", "resolve_url"]

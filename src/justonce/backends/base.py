@@ -1,0 +1,178 @@
+"""The storage boundary: the operations every backend offers, each with its contract.
+
+All SQL of justonce lives behind this protocol, in ``<backend>/queries.sql`` and
+``<backend>/migrations/``. Everything above it (App, worker, CLI) is backend-agnostic.
+Time is always the database's clock: durations are passed in seconds and added to the
+database's ``now()`` inside the statement.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ..types import JobState
+
+
+class Waiter(Protocol):
+    """Blocks an idle worker until new work may be there."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when a job became ready in one of the queues, or after ``timeout`` s.
+        May return early (spurious wake-ups are harmless); never raises on a lost
+        connection (it falls back to sleeping)."""
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """One database. Thread-safe: any thread may call any operation."""
+
+    url: str
+    name: str
+
+    # -- schema ---------------------------------------------------------------------
+    def migrate(self) -> list[str]:
+        """Apply missing migrations in order, atomically each; return their names.
+        Safe to run from several processes at once (they serialise)."""
+
+    def schema_version(self) -> int:
+        """Highest applied migration, 0 for an empty database."""
+
+    # -- producer side --------------------------------------------------------------
+    def job_insert(self, job: NewJob, conn: Any = None) -> Job:
+        """Insert one job, or return the live job that holds ``job.key`` (with
+        ``duplicate=True``). Atomic; concurrent inserts of one key create one job (unique
+        index). With ``conn`` (the caller's own psycopg / sqlite3 connection) the insert
+        joins the caller's open transaction and is neither committed nor rolled back here.
+        Ready jobs wake idle workers (on commit)."""
+
+    def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
+        """Insert many jobs in one statement / transaction; return their ids in input
+        order (the live job's id where a key was already held). Atomic as a whole."""
+
+    def job_get(self, job_id: int) -> Job | None:
+        """The job, or None."""
+
+    def job_list(
+        self, *, state: str | None, queue: str | None, task: str | None, limit: int
+    ) -> list[Job]:
+        """Newest first."""
+
+    def job_cancel(self, job_id: int) -> Job | None:
+        """scheduled / ready / running → cancelled. None when the job is not live
+        (the caller tells 'not found' from 'already finished'). A running job's worker
+        is fenced out: its completion will be rejected."""
+
+    def job_retry(self, job_id: int) -> Job | None:
+        """dead / cancelled → ready with attempts reset. None when not in those states.
+        Raises KeyConflict when another live job holds the key."""
+
+    def queue_counts(self) -> list[QueueCount]: ...
+
+    # -- worker side: every write is fenced by (id, lease_token, state='running') ----
+    def job_claim(self, queue: str, limit: int, owner: str, lease: float) -> list[ClaimedJob]:
+        """Lease up to ``limit`` ready jobs of one queue in (priority, id) order for
+        ``lease`` seconds; attempts += 1 and a new lease_token for each. Concurrent claims
+        never return the same job."""
+
+    def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
+        """Mark succeeded in one transaction; return the ids accepted. An id missing from
+        the answer was rejected: its lease was lost (expired and re-offered, cancelled)."""
+
+    def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
+        """Record a failed attempt: retry after ``retry_in`` s (scheduled, or ready when 0),
+        or dead when attempts are exhausted or ``retry_in`` is None. None = rejected."""
+
+    def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
+        """Extend the leases of (id, token) pairs to now() + lease; return those renewed."""
+
+    def job_release(self, held: Sequence[tuple[int, int]], refund: bool) -> set[int]:
+        """Give leased jobs back (state ready). ``refund``: they never started, so the
+        attempt is not counted. Returns the ids released."""
+
+    # -- housekeeping ---------------------------------------------------------------
+    def maintenance_try(self, name: str, interval: float, owner: str) -> bool:
+        """True for exactly one caller per ``interval`` s per name (across processes)."""
+
+    def jobs_promote(self, limit: int = 5000) -> int:
+        """scheduled jobs whose run_at has come → ready. Returns how many."""
+
+    def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
+        """running jobs whose lease expired → ready (or dead when attempts are spent)."""
+
+    def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
+        """Delete finished jobs older than the retention (seconds). Returns how many."""
+
+    def waiter(self, queues: Sequence[str]) -> Waiter: ...
+
+    def now(self) -> datetime:
+        """The database's clock."""
+
+    def close(self) -> None: ...
+
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)
+
+
+def load_queries(path: Path, macros: dict[str, str] | None = None) -> dict[str, str]:
+    """Split a ``queries.sql`` file into its ``-- name: x`` blocks. ``macros`` replace
+    constant tokens (never user input)."""
+    text = path.read_text()
+    for token, expansion in (macros or {}).items():
+        text = text.replace(token, expansion)
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        queries[name] = "\n".join(lines).strip()
+    return queries
+
+
+def migration_files(folder: Path) -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every ``NNNN_name.sql`` in order."""
+    out = []
+    for f in sorted(folder.glob("*.sql")):
+        version = int(f.name.split("_", 1)[0])
+        out.append((version, f.stem, f.read_text()))
+    return out
+
+
+JOB_COLUMNS = (
+    "id", "queue", "task", "args", "kwargs", "state", "priority", "run_at", "attempts",
+    "max_attempts", "timeout", "key", "partition_key", "lease_owner", "lease_token",
+    "lease_expires_at", "last_error", "errors", "result", "created_at", "started_at",
+    "finished_at",
+)
+
+
+def job_from_row(row: dict[str, Any], duplicate: bool = False) -> Job:
+    """Build a Job from a row mapping whose JSON and time columns are already decoded."""
+    return Job(
+        id=row["id"],
+        queue=row["queue"],
+        task=row["task"],
+        args=row["args"],
+        kwargs=row["kwargs"],
+        state=JobState(row["state"]),
+        priority=row["priority"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        timeout=row["timeout"],
+        run_at=row["run_at"],
+        created_at=row["created_at"],
+        key=row["key"],
+        partition_key=row["partition_key"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        last_error=row["last_error"],
+        result=row["result"],
+        errors=row["errors"],
+        duplicate=duplicate,
+    )

@@ -1,0 +1,407 @@
+"""PostgreSQL backend: the production backend, shared by any number of worker hosts.
+
+Claims use ``FOR UPDATE SKIP LOCKED``; idle workers wake on ``LISTEN/NOTIFY`` and poll
+as a fallback. Only transaction-scoped locks are used, so the backend works behind
+PgBouncer in transaction mode (where LISTEN does not: run workers with ``listen=False``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ...errors import ConfigurationError, DatabaseUnavailable, KeyConflict, SchemaError
+from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...types import JobState
+from ..base import job_from_row, load_queries, migration_files
+
+try:
+    import psycopg
+    from psycopg import sql
+    from psycopg.rows import dict_row, tuple_row
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ConfigurationError(
+        "the PostgreSQL backend needs psycopg 3: pip install 'justonce[postgres]'"
+    ) from exc
+
+HERE = Path(__file__).parent
+Q = load_queries(HERE / "queries.sql")
+MIGRATIONS = migration_files(HERE / "migrations")
+LATEST = MIGRATIONS[-1][0]
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+T = TypeVar("T")
+
+
+def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
+    """Split justonce's own options (``schema``, ``pool_size``) from the libpq URL."""
+    parts = urlsplit(url)
+    if not parts.hostname and not parts.path.strip("/") and "host=" not in parts.query:
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {url!r}: expected postgresql://user@host:port/dbname"
+        )
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ConfigurationError(f"malformed port in PostgreSQL URL {url!r}") from None
+    query = dict(parse_qsl(parts.query))
+    ours = {k: query.pop(k) for k in ("schema", "pool_size") if k in query}
+    schema = ours.pop("schema", None)
+    if schema is not None and not _SCHEMA.match(schema):
+        raise ConfigurationError(f"schema {schema!r} must match {_SCHEMA.pattern}")
+    conninfo = urlunsplit(parts._replace(query=urlencode(query)))
+    return conninfo, schema, ours
+
+
+class PostgresBackend:
+    name = "postgres"
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+        self.url = url
+        self.conninfo, self.schema, extra = parse_postgres_url(url)
+        try:
+            self.pool_size = int(extra.get("pool_size", 10))
+        except ValueError:
+            raise ConfigurationError("pool_size must be an integer") from None
+        self.channel = "justonce" if self.schema is None else f"justonce.{self.schema}"
+        self.connect_timeout = connect_timeout
+        self._kwargs: dict[str, Any] = {"autocommit": True}
+        if self.schema:
+            self._kwargs["options"] = f"-c search_path={self.schema}"
+        self._pool: ConnectionPool | None = None
+        self._lock = threading.Lock()
+        self._schema_ok = False
+
+    # -- connections ------------------------------------------------------------------
+    def _get_pool(self) -> ConnectionPool:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    pool = ConnectionPool(
+                        self.conninfo, min_size=1, max_size=self.pool_size,
+                        kwargs={**self._kwargs, "connect_timeout": int(self.connect_timeout)},
+                        open=False, timeout=self.connect_timeout, reconnect_timeout=3600,
+                        name="justonce",
+                    )
+                    try:
+                        pool.open(wait=True, timeout=self.connect_timeout)
+                    except PoolTimeout as exc:
+                        pool.close(timeout=0)
+                        raise DatabaseUnavailable(
+                            f"cannot connect to PostgreSQL at {_redact(self.conninfo)} "
+                            f"within {self.connect_timeout:g}s"
+                        ) from exc
+                    self._pool = pool
+        return self._pool
+
+    @contextmanager
+    def _connection(self, schema: bool = True) -> Iterator[psycopg.Connection]:
+        if schema:
+            self._ensure_schema()
+        try:
+            with self._get_pool().connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(f"no PostgreSQL connection available: {exc}") from exc
+        except psycopg.OperationalError as exc:
+            # The pool throws broken connections away on return; the next call reconnects.
+            raise DatabaseUnavailable(f"PostgreSQL: {str(exc).strip()}") from exc
+
+    def _fetch(self, name: str, params: dict[str, Any], *, dicts: bool = False) -> list[Any]:
+        with self._connection() as conn:
+            cur = conn.cursor(row_factory=dict_row if dicts else tuple_row)
+            cur.execute(Q[name], params)
+            return cur.fetchall() if cur.description else []
+
+    def _ensure_schema(self) -> None:
+        if self._schema_ok:
+            return
+        version = self.schema_version()
+        if version < LATEST:
+            raise SchemaError(
+                f"the justonce schema is at v{version}, this version needs v{LATEST}: "
+                "run `justonce migrate`"
+            )
+        if version > LATEST:
+            raise SchemaError(
+                f"database schema v{version} is newer than this justonce (v{LATEST}); upgrade"
+            )
+        self._schema_ok = True
+
+    # -- schema -----------------------------------------------------------------------
+    def schema_version(self) -> int:
+        with self._connection(schema=False) as conn:
+            row = conn.execute("SELECT to_regclass('justonce_migrations') IS NOT NULL").fetchone()
+            if not row or not row[0]:
+                return 0
+            return conn.execute("SELECT coalesce(max(version), 0) FROM justonce_migrations").fetchone()[0]
+
+    def migrate(self) -> list[str]:
+        applied: list[str] = []
+        with self._connection(schema=False) as conn, conn.transaction():
+            # Transaction-scoped lock: concurrent migrators serialise, and nothing leaks
+            # behind a transaction-mode pooler.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('justonce_migrate'))")
+            if self.schema:
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS justonce_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM justonce_migrations")}
+            for version, name, text in MIGRATIONS:
+                if version in done:
+                    continue
+                conn.execute(text)
+                conn.execute(
+                    "INSERT INTO justonce_migrations (version, name) VALUES (%s, %s)", (version, name)
+                )
+                applied.append(name)
+        self._schema_ok = True
+        return applied
+
+    # -- producer side ------------------------------------------------------------------
+    def _job_params(self, job: NewJob) -> dict[str, Any]:
+        return {
+            "queue": job.queue, "task": job.task, "args": job.args_json,
+            "kwargs": job.kwargs_json, "priority": job.priority, "delay": job.delay,
+            "run_at": job.run_at, "max_attempts": job.max_attempts, "timeout": job.timeout,
+            "key": job.key, "partition_key": job.partition_key, "channel": self.channel,
+        }
+
+    def _insert_one(self, conn: psycopg.Connection, job: NewJob) -> Job:
+        params = self._job_params(job)
+        cur = conn.cursor(row_factory=dict_row)
+        for _ in range(5):
+            cur.execute(Q["job_insert"], params)
+            row = cur.fetchone()
+            if row is not None:
+                return job_from_row(row)
+            cur.execute(Q["job_live_by_keys"], {"keys": [job.key]})
+            row = cur.fetchone()
+            if row is not None:
+                return job_from_row(row, duplicate=True)
+            # The key's holder finished between our insert and our look-up: insert again.
+        raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
+
+    def job_insert(self, job: NewJob, conn: Any = None) -> Job:
+        if conn is not None:
+            self._ensure_schema()
+            return self._insert_one(conn, job)
+        with self._connection() as c:
+            return self._insert_one(c, job)
+
+    def _insert_many(self, conn: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
+        ids: list[int | None] = [None] * len(jobs)
+        pending = list(range(len(jobs)))
+        cur = conn.cursor(row_factory=tuple_row)
+        for _ in range(5):
+            batch = [jobs[i] for i in pending]
+            cur.execute(Q["job_insert_many"], {
+                "queue": [j.queue for j in batch], "task": [j.task for j in batch],
+                "args": [j.args_json for j in batch], "kwargs": [j.kwargs_json for j in batch],
+                "priority": [j.priority for j in batch], "delay": [j.delay for j in batch],
+                "run_at": [j.run_at for j in batch],
+                "max_attempts": [j.max_attempts for j in batch],
+                "timeout": [j.timeout for j in batch], "key": [j.key for j in batch],
+                "partition_key": [j.partition_key for j in batch], "channel": self.channel,
+            })
+            rows = cur.fetchall()
+            # Identity values are drawn in insert order (ORDER BY ord), so the unkeyed rows'
+            # ids sorted ascending line up with the unkeyed jobs in input order.
+            by_key = {k: i for i, k, _ in rows if k is not None}
+            unkeyed = iter(sorted(i for i, k, _ in rows if k is None))
+            missing = []
+            for idx in pending:
+                key = jobs[idx].key
+                if key is None:
+                    ids[idx] = next(unkeyed)
+                elif key in by_key:
+                    ids[idx] = by_key[key]
+                else:
+                    missing.append(idx)
+            if missing:
+                keys = [jobs[i].key for i in missing]
+                cur.execute(Q["job_live_by_keys"], {"keys": keys})
+                live = {r[JOB_KEY_COL]: r[0] for r in cur.fetchall()}
+                still = []
+                for idx in missing:
+                    if jobs[idx].key in live:
+                        ids[idx] = live[jobs[idx].key]
+                    else:
+                        still.append(idx)
+                missing = still
+            if not missing:
+                return [i for i in ids if i is not None]
+            pending = missing
+        raise DatabaseUnavailable("could not settle keys in bulk insert")  # pragma: no cover
+
+    def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
+        if not jobs:
+            return []
+        if conn is not None:
+            self._ensure_schema()
+            return self._insert_many(conn, jobs)
+        with self._connection() as c, c.transaction():
+            return self._insert_many(c, jobs)
+
+    def job_get(self, job_id: int) -> Job | None:
+        rows = self._fetch("job_get", {"id": job_id}, dicts=True)
+        return job_from_row(rows[0]) if rows else None
+
+    def job_list(
+        self, *, state: str | None, queue: str | None, task: str | None, limit: int
+    ) -> list[Job]:
+        params = {"state": state, "queue": queue, "task": task, "limit": limit}
+        return [job_from_row(r) for r in self._fetch("job_list", params, dicts=True)]
+
+    def job_cancel(self, job_id: int) -> Job | None:
+        rows = self._fetch("job_cancel", {"id": job_id}, dicts=True)
+        return job_from_row(rows[0]) if rows else None
+
+    def job_retry(self, job_id: int) -> Job | None:
+        try:
+            rows = self._fetch("job_retry", {"id": job_id}, dicts=True)
+        except psycopg.errors.UniqueViolation as exc:
+            raise KeyConflict(
+                f"job {job_id} cannot be retried: another live job holds its key"
+            ) from exc
+        return job_from_row(rows[0]) if rows else None
+
+    def queue_counts(self) -> list[QueueCount]:
+        return [QueueCount(q, JobState(s), n) for q, s, n in self._fetch("queue_counts", {})]
+
+    # -- worker side ----------------------------------------------------------------------
+    def job_claim(self, queue: str, limit: int, owner: str, lease: float) -> list[ClaimedJob]:
+        rows = self._fetch(
+            "job_claim", {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+        )
+        rows.sort(key=lambda r: (r[9], r[0]))
+        return [ClaimedJob(*r[:9]) for r in rows]
+
+    def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
+        if not done:
+            return set()
+        rows = self._fetch("job_complete_many", {
+            "ids": [c.id for c in done], "tokens": [c.lease_token for c in done],
+            "results": [c.result_json for c in done], "notes": [c.note for c in done],
+        })
+        return {r[0] for r in rows}
+
+    def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
+        rows = self._fetch("job_fail", {
+            "id": failure.id, "token": failure.lease_token, "error": failure.error,
+            "retry_in": failure.retry_in, "kind": kind,
+        })
+        return JobState(rows[0][0]) if rows else None
+
+    def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
+        if not held:
+            return set()
+        params = {"ids": [h[0] for h in held], "tokens": [h[1] for h in held], "lease": lease}
+        return {r[0] for r in self._fetch("job_heartbeat", params)}
+
+    def job_release(self, held: Sequence[tuple[int, int]], refund: bool) -> set[int]:
+        if not held:
+            return set()
+        params = {"ids": [h[0] for h in held], "tokens": [h[1] for h in held], "refund": refund}
+        return {r[0] for r in self._fetch("job_release", params)}
+
+    # -- housekeeping -------------------------------------------------------------------
+    def maintenance_try(self, name: str, interval: float, owner: str) -> bool:
+        params = {"name": name, "interval": interval, "owner": owner}
+        return bool(self._fetch("maintenance_try", params))
+
+    def jobs_promote(self, limit: int = 5000) -> int:
+        rows = self._fetch("jobs_promote", {"limit": limit, "channel": self.channel})
+        return rows[0][0]
+
+    def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
+        rows = self._fetch("jobs_rescue", {"limit": limit, "channel": self.channel})
+        return HousekeepingReport(rescued=rows[0][0], dead=rows[0][1])
+
+    def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
+        with self._connection() as conn:
+            cur = conn.execute(Q["jobs_prune"], {
+                "keep_succeeded": keep_succeeded, "keep_dead": keep_dead, "limit": limit,
+            })
+            return cur.rowcount
+
+    def waiter(self, queues: Sequence[str], listen: bool = True) -> PostgresWaiter:
+        return PostgresWaiter(self, queues, listen)
+
+    def now(self) -> datetime:
+        return self._fetch("db_now", {})[0][0]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def listen_connection(self) -> psycopg.Connection:
+        return psycopg.connect(
+            self.conninfo, **self._kwargs, connect_timeout=int(self.connect_timeout)
+        )
+
+
+JOB_KEY_COL = 11  # position of "key" in SELECT * (see JOB_COLUMNS)
+
+
+class PostgresWaiter:
+    """LISTEN on the backend's channel; payloads are queue names. Any failure falls back to
+    sleeping for the timeout (polling), and the next wait reconnects."""
+
+    def __init__(self, backend: PostgresBackend, queues: Sequence[str], listen: bool) -> None:
+        self.backend = backend
+        self.queues = set(queues)
+        self.listen = listen
+        self._conn: psycopg.Connection | None = None
+        self._stop = threading.Event()
+
+    def _connect(self) -> psycopg.Connection:
+        conn = self.backend.listen_connection()
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.backend.channel)))
+        return conn
+
+    def wait(self, timeout: float) -> None:
+        if not self.listen:
+            self._stop.wait(timeout)
+            return
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = self._connect()
+            for note in self._conn.notifies(timeout=timeout, stop_after=1):
+                if note.payload in self.queues:
+                    return
+        except (psycopg.Error, OSError):
+            self._drop()
+            self._stop.wait(timeout)
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._drop()
+
+
+def _redact(conninfo: str) -> str:
+    parts = urlsplit(conninfo)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return conninfo
+
+

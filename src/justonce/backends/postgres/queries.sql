@@ -1,0 +1,208 @@
+-- justonce: every SQL statement of the PostgreSQL backend, one named block each.
+-- Parameters use psycopg's %(name)s style and are always bound, never formatted in.
+-- Every write of a worker names (id, lease_token) and state = 'running' in its WHERE
+-- clause: a worker whose lease was lost touches 0 rows, and that is how it learns it.
+
+-- name: job_insert
+-- One statement: insert (or find the live job holding the key: DO NOTHING returns no
+-- row) and wake listening workers when the job is ready now.
+WITH v AS (
+    SELECT COALESCE(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second') AS due
+), ins AS (
+    INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
+                               max_attempts, timeout, key, partition_key)
+    SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+           CASE WHEN v.due > now() THEN 'scheduled' ELSE 'ready' END,
+           %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(key)s, %(partition_key)s
+      FROM v
+    ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
+    DO NOTHING
+    RETURNING *
+)
+SELECT ins.*, CASE WHEN ins.state = 'ready' THEN pg_notify(%(channel)s, ins.queue) END
+  FROM ins
+
+-- name: job_insert_many
+WITH d AS (
+    SELECT * FROM unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[],
+                         %(kwargs)s::text[], %(priority)s::int[], %(delay)s::float8[],
+                         %(run_at)s::timestamptz[], %(max_attempts)s::int[],
+                         %(timeout)s::float8[], %(key)s::text[], %(partition_key)s::text[])
+           WITH ORDINALITY
+           AS d(queue, task, args, kwargs, priority, delay, run_at, max_attempts, timeout,
+                key, partition_key, ord)
+), v AS (
+    SELECT d.*, COALESCE(d.run_at, now() + d.delay * interval '1 second') AS due FROM d
+), ins AS (
+    INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
+                               max_attempts, timeout, key, partition_key)
+    SELECT queue, task, args::jsonb, kwargs::jsonb,
+           CASE WHEN due > now() THEN 'scheduled' ELSE 'ready' END,
+           priority, due, max_attempts, timeout, key, partition_key
+      FROM v ORDER BY ord
+    ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
+    DO NOTHING
+    RETURNING id, key, state, queue
+), woke AS (
+    SELECT count(pg_notify(%(channel)s, q)) AS n
+      FROM (SELECT DISTINCT queue AS q FROM ins WHERE state = 'ready') AS r
+)
+SELECT ins.id, ins.key, (SELECT n FROM woke) FROM ins
+
+-- name: job_live_by_keys
+SELECT * FROM justonce_jobs
+ WHERE key = ANY(%(keys)s::text[]) AND state IN ('scheduled','ready','running')
+
+-- name: job_get
+SELECT * FROM justonce_jobs WHERE id = %(id)s
+
+-- name: job_list
+SELECT * FROM justonce_jobs
+ WHERE (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: job_claim
+-- Lock up to %(limit)s ready jobs of ONE queue in (priority, id) order, skipping rows
+-- another worker is claiming right now, and lease them. One queue per statement so the
+-- planner can walk justonce_jobs_claim in order instead of sorting the queue.
+WITH picked AS (
+    SELECT id FROM justonce_jobs
+     WHERE state = 'ready' AND queue = %(queue)s
+     ORDER BY priority, id
+     LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE justonce_jobs j
+   SET state = 'running',
+       attempts = j.attempts + 1,
+       lease_token = j.lease_token + 1,
+       lease_owner = %(owner)s,
+       lease_expires_at = now() + %(lease)s::float8 * interval '1 second',
+       started_at = now()
+  FROM picked
+ WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.task, j.args, j.kwargs, j.attempts, j.max_attempts, j.timeout,
+          j.lease_token, j.priority
+
+-- name: job_complete_many
+UPDATE justonce_jobs j
+   SET state = 'succeeded', result = d.result::jsonb, last_error = COALESCE(d.note, j.last_error),
+       finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[], %(notes)s::text[])
+       AS d(id, token, result, note)
+ WHERE j.id = d.id AND j.lease_token = d.token AND j.state = 'running'
+RETURNING j.id
+
+-- name: job_fail
+UPDATE justonce_jobs
+   SET state = CASE WHEN %(retry_in)s::float8 IS NULL OR attempts >= max_attempts THEN 'dead'
+                    WHEN %(retry_in)s::float8 > 0 THEN 'scheduled'
+                    ELSE 'ready' END,
+       run_at = CASE WHEN %(retry_in)s::float8 IS NULL OR attempts >= max_attempts THEN run_at
+                     ELSE now() + %(retry_in)s::float8 * interval '1 second' END,
+       finished_at = CASE WHEN %(retry_in)s::float8 IS NULL OR attempts >= max_attempts
+                          THEN now() END,
+       last_error = %(error)s,
+       errors = errors || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempts, 'at', now(), 'kind', %(kind)s::text,
+                    'error', %(error)s::text, 'owner', lease_owner)),
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING state
+
+-- name: job_heartbeat
+UPDATE justonce_jobs j
+   SET lease_expires_at = now() + %(lease)s::float8 * interval '1 second'
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+ WHERE j.id = d.id AND j.lease_token = d.token AND j.state = 'running'
+RETURNING j.id
+
+-- name: job_release
+-- Give leased jobs back untouched (graceful shutdown). %(refund)s: the job never started,
+-- so its attempt does not count.
+UPDATE justonce_jobs j
+   SET state = 'ready',
+       attempts = CASE WHEN %(refund)s THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+       lease_owner = NULL, lease_expires_at = NULL
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+ WHERE j.id = d.id AND j.lease_token = d.token AND j.state = 'running'
+RETURNING j.id
+
+-- name: job_cancel
+UPDATE justonce_jobs
+   SET state = 'cancelled', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = %(id)s AND state IN ('scheduled','ready','running')
+RETURNING *
+
+-- name: job_retry
+UPDATE justonce_jobs
+   SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = %(id)s AND state IN ('dead','cancelled')
+RETURNING *
+
+-- name: jobs_promote
+WITH due AS (
+    SELECT id FROM justonce_jobs
+     WHERE state = 'scheduled' AND run_at <= now()
+     ORDER BY run_at LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+), up AS (
+    UPDATE justonce_jobs j SET state = 'ready' FROM due WHERE j.id = due.id
+    RETURNING j.queue
+)
+SELECT count(*), (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT queue AS q FROM up) r)
+  FROM up
+
+-- name: jobs_rescue
+-- Leases that ran out: the worker died or froze. The attempt it made still counts, so a
+-- job that kills its worker every time ends dead after max_attempts.
+WITH expired AS (
+    SELECT id FROM justonce_jobs
+     WHERE state = 'running' AND lease_expires_at < now()
+     ORDER BY lease_expires_at LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+), up AS (
+    UPDATE justonce_jobs j
+       SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+           last_error = 'lease expired: worker ' || coalesce(j.lease_owner, '?')
+                        || ' stopped renewing it during attempt ' || j.attempts,
+           errors = j.errors || jsonb_build_array(jsonb_build_object(
+                        'attempt', j.attempts, 'at', now(), 'kind', 'lease_expired',
+                        'error', 'lease expired', 'owner', j.lease_owner)),
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM expired WHERE j.id = expired.id
+    RETURNING j.state, j.queue
+)
+SELECT count(*) FILTER (WHERE state = 'ready'), count(*) FILTER (WHERE state = 'dead'),
+       (SELECT count(pg_notify(%(channel)s, q))
+          FROM (SELECT DISTINCT queue AS q FROM up WHERE state = 'ready') r)
+  FROM up
+
+-- name: jobs_prune
+WITH old AS (
+    SELECT id FROM justonce_jobs
+     WHERE (state IN ('succeeded','cancelled')
+            AND finished_at < now() - %(keep_succeeded)s::float8 * interval '1 second')
+        OR (state = 'dead' AND finished_at < now() - %(keep_dead)s::float8 * interval '1 second')
+     LIMIT %(limit)s
+)
+DELETE FROM justonce_jobs j USING old WHERE j.id = old.id
+
+-- name: queue_counts
+SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state
+
+-- name: maintenance_try
+INSERT INTO justonce_maintenance AS m (name, next_run_at, last_owner)
+VALUES (%(name)s, now() + %(interval)s::float8 * interval '1 second', %(owner)s)
+ON CONFLICT (name) DO UPDATE
+   SET next_run_at = EXCLUDED.next_run_at, last_owner = EXCLUDED.last_owner
+ WHERE m.next_run_at <= now()
+RETURNING name
+
+-- name: db_now
+SELECT now()

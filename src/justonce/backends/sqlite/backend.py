@@ -1,0 +1,422 @@
+"""SQLite backend: the embedded default. Several processes share one file safely.
+
+WAL mode lets readers run beside the one writer; every write transaction starts with
+``BEGIN IMMEDIATE`` so it takes the write lock up front (a deferred transaction that
+upgrades later can fail with "database is locked" past the busy timeout), and a bounded
+retry covers SQLITE_BUSY beyond the busy timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
+
+from ...errors import ConfigurationError, DatabaseUnavailable, KeyConflict, SchemaError
+from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...types import JobState
+from ..base import job_from_row, load_queries, migration_files
+
+HERE = Path(__file__).parent
+NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
+Q = load_queries(HERE / "queries.sql", {"NOW()": NOW_SQL})
+MIGRATIONS = migration_files(HERE / "migrations")
+LATEST = MIGRATIONS[-1][0]
+SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
+T = TypeVar("T")
+
+
+def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sqlite:///relative.db`` or ``sqlite:////absolute.db`` → (path, options)."""
+    rest = url.split("://", 1)[1]
+    if not rest.startswith("/"):
+        raise ConfigurationError(
+            f"malformed SQLite URL {url!r}: use sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db"
+        )
+    path, _, query = rest[1:].partition("?")
+    if not path or path == ":memory:":
+        raise ConfigurationError(
+            f"SQLite URL {url!r} names no file: justonce needs a file that several "
+            "processes can share"
+        )
+    return path, dict(parse_qsl(query))
+
+
+def _ts(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _epoch(value: datetime | None) -> float | None:
+    if value is None:
+        return None
+    return value.timestamp()
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for col in ("args", "kwargs", "errors", "result"):
+        if row.get(col) is not None:
+            row[col] = json.loads(row[col])
+    for col in ("run_at", "created_at", "started_at", "finished_at", "lease_expires_at"):
+        row[col] = _ts(row.get(col))
+    return row
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    msg = str(exc).lower()
+    return "locked" in msg or "busy" in msg
+
+
+class SQLiteBackend:
+    name = "sqlite"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        path, options = parse_sqlite_url(url)
+        self.path = path
+        sync = options.pop("synchronous", "FULL").upper()
+        if sync not in SYNCHRONOUS:
+            raise ConfigurationError(f"synchronous={sync!r}: use one of {sorted(SYNCHRONOUS)}")
+        self.synchronous = sync
+        try:
+            self.busy_timeout = float(options.pop("busy_timeout", "5000")) / 1000.0
+        except ValueError:
+            raise ConfigurationError(f"busy_timeout in {url!r} must be milliseconds") from None
+        if options:
+            raise ConfigurationError(f"unknown SQLite URL options: {sorted(options)}")
+        parent = Path(path).expanduser().resolve().parent
+        if not parent.is_dir():
+            raise ConfigurationError(f"SQLite database folder {str(parent)!r} does not exist")
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._schema_ok = False
+
+    # -- connections ------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    self.path, timeout=self.busy_timeout, isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            except sqlite3.Error as exc:
+                raise DatabaseUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _ensure_schema(self) -> None:
+        if self._schema_ok:
+            return
+        version = self.schema_version()
+        if version > LATEST:
+            raise SchemaError(
+                f"database schema v{version} is newer than this justonce (v{LATEST}); upgrade"
+            )
+        if version < LATEST:
+            self.migrate()  # the embedded database migrates itself on first use
+        self._schema_ok = True
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T], *, schema: bool = True) -> T:
+        """Run ``fn`` in one BEGIN IMMEDIATE transaction, retrying SQLITE_BUSY a bounded
+        number of times (each try already waited the busy timeout inside SQLite)."""
+        if schema:
+            self._ensure_schema()
+        conn = self._conn()
+        for attempt in range(8):
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if _is_busy(exc) and attempt < 7:
+                    time.sleep(min(0.01 * 2**attempt, 0.5))
+                    continue
+                raise DatabaseUnavailable(f"SQLite write lock not available: {exc}") from exc
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                conn.execute("ROLLBACK")
+                raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
+            return result
+        raise DatabaseUnavailable("SQLite write lock not available")  # pragma: no cover
+
+    def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
+        self._ensure_schema()
+        return self._conn().execute(sql, params).fetchall()
+
+    # -- schema -----------------------------------------------------------------------
+    def schema_version(self) -> int:
+        conn = self._conn()
+        exists = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='justonce_migrations'"
+        ).fetchone()
+        if not exists:
+            return 0
+        row = conn.execute("SELECT max(version) FROM justonce_migrations").fetchone()
+        return row[0] or 0
+
+    def migrate(self) -> list[str]:
+        def apply(conn: sqlite3.Connection) -> list[str]:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS justonce_migrations ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM justonce_migrations")}
+            applied = []
+            for version, name, sql in MIGRATIONS:
+                if version in done:
+                    continue
+                for statement in _split_statements(sql):
+                    conn.execute(statement)
+                conn.execute(
+                    f"INSERT INTO justonce_migrations VALUES (?, ?, {NOW_SQL})", (version, name)
+                )
+                applied.append(name)
+            return applied
+
+        applied = self._write(apply, schema=False)
+        self._schema_ok = True
+        return applied
+
+    # -- producer side ------------------------------------------------------------------
+    @staticmethod
+    def _job_params(job: NewJob) -> dict[str, Any]:
+        return {
+            "queue": job.queue, "task": job.task, "args": job.args_json,
+            "kwargs": job.kwargs_json, "priority": job.priority, "delay": job.delay,
+            "run_at": _epoch(job.run_at), "max_attempts": job.max_attempts,
+            "timeout": job.timeout, "key": job.key, "partition_key": job.partition_key,
+        }
+
+    def _insert_one(self, conn: Any, job: NewJob) -> Job:
+        params = self._job_params(job)
+        for _ in range(5):
+            cur = conn.cursor()
+            cur.execute(Q["job_insert"], params)
+            row = cur.fetchone()
+            if row is not None:
+                return job_from_row(_decode(_row_dict(cur, row)))
+            cur.execute(Q["job_live_by_key"], {"key": job.key})
+            row = cur.fetchone()
+            if row is not None:
+                return job_from_row(_decode(_row_dict(cur, row)), duplicate=True)
+            # The holder finished between our insert and our look-up: insert again.
+        raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
+
+    def job_insert(self, job: NewJob, conn: Any = None) -> Job:
+        if conn is not None:
+            self._ensure_schema()
+            return self._insert_one(conn, job)
+        return self._write(lambda c: self._insert_one(c, job))
+
+    def _insert_many(self, conn: Any, jobs: Sequence[NewJob]) -> list[int]:
+        ids = []
+        cur = conn.cursor()
+        for job in jobs:
+            cur.execute(Q["job_insert_id"], self._job_params(job))
+            row = cur.fetchone()
+            if row is None:
+                ids.append(self._insert_one(conn, job).id)
+            else:
+                ids.append(row[0])
+        return ids
+
+    def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
+        if conn is not None:
+            self._ensure_schema()
+            return self._insert_many(conn, jobs)
+        return self._write(lambda c: self._insert_many(c, jobs))
+
+    def job_get(self, job_id: int) -> Job | None:
+        rows = self._read(Q["job_get"], {"id": job_id})
+        return job_from_row(_decode(dict(rows[0]))) if rows else None
+
+    def job_list(
+        self, *, state: str | None, queue: str | None, task: str | None, limit: int
+    ) -> list[Job]:
+        rows = self._read(
+            Q["job_list"], {"state": state, "queue": queue, "task": task, "limit": limit}
+        )
+        return [job_from_row(_decode(dict(r))) for r in rows]
+
+    def _one_job(self, name: str, job_id: int) -> Job | None:
+        def run(conn: sqlite3.Connection) -> Job | None:
+            row = conn.execute(Q[name], {"id": job_id}).fetchone()
+            return job_from_row(_decode(dict(row))) if row else None
+
+        return self._write(run)
+
+    def job_cancel(self, job_id: int) -> Job | None:
+        return self._one_job("job_cancel", job_id)
+
+    def job_retry(self, job_id: int) -> Job | None:
+        try:
+            return self._one_job("job_retry", job_id)
+        except sqlite3.IntegrityError as exc:
+            raise KeyConflict(
+                f"job {job_id} cannot be retried: another live job holds its key"
+            ) from exc
+
+    def queue_counts(self) -> list[QueueCount]:
+        return [QueueCount(r[0], JobState(r[1]), r[2]) for r in self._read(Q["queue_counts"])]
+
+    # -- worker side ----------------------------------------------------------------------
+    def job_claim(self, queue: str, limit: int, owner: str, lease: float) -> list[ClaimedJob]:
+        params = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+        # A read first: an empty claim would otherwise take the one write lock for nothing,
+        # and idle workers wake on every commit (see SQLiteWaiter).
+        if not self._read(Q["job_any_ready"], {"queue": queue}):
+            return []
+        rows = self._write(lambda c: c.execute(Q["job_claim"], params).fetchall())
+        rows.sort(key=lambda r: (r["priority"], r["id"]))
+        return [
+            ClaimedJob(
+                id=r["id"], queue=r["queue"], task=r["task"], args=json.loads(r["args"]),
+                kwargs=json.loads(r["kwargs"]), attempts=r["attempts"],
+                max_attempts=r["max_attempts"], timeout=r["timeout"],
+                lease_token=r["lease_token"],
+            )
+            for r in rows
+        ]
+
+    def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
+        def run(conn: sqlite3.Connection) -> set[int]:
+            ok = set()
+            sql = Q["job_complete"]
+            for c in done:
+                cur = conn.execute(
+                    sql,
+                    {"id": c.id, "token": c.lease_token, "result": c.result_json, "note": c.note},
+                )
+                if cur.rowcount:
+                    ok.add(c.id)
+            return ok
+
+        return self._write(run)
+
+    def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
+        params = {
+            "id": failure.id, "token": failure.lease_token, "error": failure.error,
+            "retry_in": failure.retry_in, "kind": kind,
+        }
+        row = self._write(lambda c: c.execute(Q["job_fail"], params).fetchone())
+        return JobState(row[0]) if row else None
+
+    def _fenced_many(self, name: str, held: Sequence[tuple[int, int]], **extra: Any) -> set[int]:
+        def run(conn: sqlite3.Connection) -> set[int]:
+            ok = set()
+            for job_id, token in held:
+                if conn.execute(Q[name], {"id": job_id, "token": token, **extra}).rowcount:
+                    ok.add(job_id)
+            return ok
+
+        return self._write(run) if held else set()
+
+    def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
+        return self._fenced_many("job_heartbeat", held, lease=lease)
+
+    def job_release(self, held: Sequence[tuple[int, int]], refund: bool) -> set[int]:
+        return self._fenced_many("job_release", held, refund=int(refund))
+
+    # -- housekeeping -------------------------------------------------------------------
+    def maintenance_try(self, name: str, interval: float, owner: str) -> bool:
+        params = {"name": name, "interval": interval, "owner": owner}
+        return self._write(lambda c: c.execute(Q["maintenance_try"], params).fetchone()) is not None
+
+    def jobs_promote(self, limit: int = 5000) -> int:
+        return self._write(lambda c: c.execute(Q["jobs_promote"], {"limit": limit}).rowcount)
+
+    def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
+        rows = self._write(lambda c: c.execute(Q["jobs_rescue"], {"limit": limit}).fetchall())
+        dead = sum(1 for r in rows if r[0] == "dead")
+        return HousekeepingReport(rescued=len(rows) - dead, dead=dead)
+
+    def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
+        params = {"keep_succeeded": keep_succeeded, "keep_dead": keep_dead, "limit": limit}
+        return self._write(lambda c: c.execute(Q["jobs_prune"], params).rowcount)
+
+    def waiter(self, queues: Sequence[str], listen: bool = True) -> SQLiteWaiter:
+        return SQLiteWaiter(self)
+
+    def now(self) -> datetime:
+        value = self._conn().execute(Q["db_now"]).fetchone()[0]
+        return datetime.fromtimestamp(value, UTC)
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+
+
+class SQLiteWaiter:
+    """SQLite has no notifications between processes, but ``PRAGMA data_version`` changes
+    whenever another connection commits; reading it is cheap (no table access), so idle
+    workers check it every few milliseconds and claim only when something changed."""
+
+    CHECK_EVERY = 0.005
+
+    def __init__(self, backend: SQLiteBackend) -> None:
+        self.backend = backend
+        self._conn: sqlite3.Connection | None = None
+        self._version: int | None = None
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        try:
+            if self._conn is None:
+                self._conn = sqlite3.connect(self.backend.path, check_same_thread=False)
+                self._version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            while time.monotonic() < deadline:
+                version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+                if version != self._version:
+                    self._version = version
+                    return
+                time.sleep(self.CHECK_EVERY)
+        except sqlite3.Error:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _row_dict(cur: Any, row: Any) -> dict[str, Any]:
+    names = [d[0] for d in cur.description]
+    return dict(zip(names, tuple(row), strict=True))
+
+
+def _split_statements(script: str) -> list[str]:
+    statements, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buf += line
+        if sqlite3.complete_statement(buf):
+            statements.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        statements.append(buf.strip())
+    return statements

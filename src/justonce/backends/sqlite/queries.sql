@@ -1,0 +1,149 @@
+-- justonce: every SQL statement of the SQLite backend, one named block each.
+-- Parameters are sqlite3 :name placeholders, always bound. NOW() is replaced when the file
+-- is loaded by the database clock in epoch seconds:
+--     ((julianday('now') - 2440587.5) * 86400.0)
+-- Every write runs inside BEGIN IMMEDIATE (see backend.py). Every write of a worker names
+-- (id, lease_token) and state = 'running': a worker whose lease was lost touches 0 rows.
+
+-- name: job_insert
+INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
+                           timeout, key, partition_key, created_at)
+VALUES (:queue, :task, :args, :kwargs,
+        CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
+        :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :key,
+        :partition_key, NOW())
+ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
+DO NOTHING
+RETURNING *
+
+-- name: job_insert_id
+INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
+                           timeout, key, partition_key, created_at)
+VALUES (:queue, :task, :args, :kwargs,
+        CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
+        :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :key,
+        :partition_key, NOW())
+ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
+DO NOTHING
+RETURNING id
+
+-- name: job_live_by_key
+SELECT * FROM justonce_jobs
+ WHERE key = :key AND state IN ('scheduled','ready','running')
+
+-- name: job_get
+SELECT * FROM justonce_jobs WHERE id = :id
+
+-- name: job_list
+SELECT * FROM justonce_jobs
+ WHERE (:state IS NULL OR state = :state)
+   AND (:queue IS NULL OR queue = :queue)
+   AND (:task IS NULL OR task = :task)
+ ORDER BY id DESC
+ LIMIT :limit
+
+-- name: job_claim
+UPDATE justonce_jobs
+   SET state = 'running',
+       attempts = attempts + 1,
+       lease_token = lease_token + 1,
+       lease_owner = :owner,
+       lease_expires_at = NOW() + :lease,
+       started_at = NOW()
+ WHERE id IN (SELECT id FROM justonce_jobs
+               WHERE state = 'ready' AND queue = :queue
+               ORDER BY priority, id
+               LIMIT :limit)
+RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority
+
+-- name: job_any_ready
+SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue LIMIT 1
+
+-- name: job_complete
+UPDATE justonce_jobs
+   SET state = 'succeeded', result = :result, last_error = COALESCE(:note, last_error),
+       finished_at = NOW(), lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = :id AND lease_token = :token AND state = 'running'
+
+-- name: job_fail
+UPDATE justonce_jobs
+   SET state = CASE WHEN :retry_in IS NULL OR attempts >= max_attempts THEN 'dead'
+                    WHEN :retry_in > 0 THEN 'scheduled'
+                    ELSE 'ready' END,
+       run_at = CASE WHEN :retry_in IS NULL OR attempts >= max_attempts THEN run_at
+                     ELSE NOW() + :retry_in END,
+       finished_at = CASE WHEN :retry_in IS NULL OR attempts >= max_attempts THEN NOW() END,
+       last_error = :error,
+       errors = json_insert(errors, '$[#]', json_object(
+                    'attempt', attempts, 'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'kind', :kind,
+                    'error', :error, 'owner', lease_owner)),
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = :id AND lease_token = :token AND state = 'running'
+RETURNING state
+
+-- name: job_heartbeat
+UPDATE justonce_jobs
+   SET lease_expires_at = NOW() + :lease
+ WHERE id = :id AND lease_token = :token AND state = 'running'
+
+-- name: job_release
+UPDATE justonce_jobs
+   SET state = 'ready',
+       attempts = CASE WHEN :refund THEN max(attempts - 1, 0) ELSE attempts END,
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = :id AND lease_token = :token AND state = 'running'
+
+-- name: job_cancel
+UPDATE justonce_jobs
+   SET state = 'cancelled', finished_at = NOW(), lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = :id AND state IN ('scheduled','ready','running')
+RETURNING *
+
+-- name: job_retry
+UPDATE justonce_jobs
+   SET state = 'ready', attempts = 0, run_at = NOW(), finished_at = NULL,
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = :id AND state IN ('dead','cancelled')
+RETURNING *
+
+-- name: jobs_promote
+UPDATE justonce_jobs SET state = 'ready'
+ WHERE id IN (SELECT id FROM justonce_jobs
+               WHERE state = 'scheduled' AND run_at <= NOW()
+               ORDER BY run_at LIMIT :limit)
+
+-- name: jobs_rescue
+UPDATE justonce_jobs
+   SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
+       finished_at = CASE WHEN attempts >= max_attempts THEN NOW() END,
+       last_error = 'lease expired: worker ' || coalesce(lease_owner, '?')
+                    || ' stopped renewing it during attempt ' || attempts,
+       errors = json_insert(errors, '$[#]', json_object(
+                    'attempt', attempts, 'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'kind', 'lease_expired',
+                    'error', 'lease expired', 'owner', lease_owner)),
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id IN (SELECT id FROM justonce_jobs
+               WHERE state = 'running' AND lease_expires_at < NOW()
+               ORDER BY lease_expires_at LIMIT :limit)
+RETURNING state
+
+-- name: jobs_prune
+DELETE FROM justonce_jobs
+ WHERE id IN (SELECT id FROM justonce_jobs
+               WHERE (state IN ('succeeded','cancelled') AND finished_at < NOW() - :keep_succeeded)
+                  OR (state = 'dead' AND finished_at < NOW() - :keep_dead)
+               LIMIT :limit)
+
+-- name: queue_counts
+SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state
+
+-- name: maintenance_try
+INSERT INTO justonce_maintenance (name, next_run_at, last_owner)
+VALUES (:name, NOW() + :interval, :owner)
+ON CONFLICT (name) DO UPDATE
+   SET next_run_at = excluded.next_run_at, last_owner = excluded.last_owner
+ WHERE justonce_maintenance.next_run_at <= NOW()
+RETURNING name
+
+-- name: db_now
+SELECT NOW()

@@ -1,0 +1,62 @@
+"""The one error tree of justonce. Every public entry raises one of these.
+
+The CLI maps them to one-line messages and a non-zero exit; the HTTP layer to status codes.
+"""
+
+from __future__ import annotations
+
+
+class JustonceError(Exception):
+    """Base of every error justonce raises on purpose."""
+
+
+class ConfigurationError(JustonceError):
+    """Bad configuration: a malformed database URL, an app path that does not import…"""
+
+
+class DatabaseUnavailable(JustonceError):
+    """The database cannot be reached (down, refused, timed out). Nothing was written."""
+
+
+class SchemaError(JustonceError):
+    """The database schema is missing or newer than this version of justonce."""
+
+
+class ValidationError(JustonceError, ValueError):
+    """Input that justonce refuses before touching the database."""
+
+
+class UnknownTask(ValidationError):
+    """A task name that the app has not registered."""
+
+
+class InvalidArguments(ValidationError):
+    """Task arguments that are not JSON (or not a list / an object)."""
+
+
+class PayloadTooLarge(ValidationError):
+    """Arguments or a result over the documented size limit."""
+
+
+class InvalidName(ValidationError):
+    """An empty, too long or badly formed queue name, task name or key."""
+
+
+class InvalidOption(ValidationError):
+    """An option out of range: negative delay, zero attempts, both delay and run_at…"""
+
+
+class JobNotFound(JustonceError, LookupError):
+    """No job with that id."""
+
+
+class InvalidTransition(JustonceError):
+    """The job is not in a state that allows the operation (retry a running job…)."""
+
+
+class KeyConflict(InvalidTransition):
+    """Another live job holds the key, so this job cannot be made live again."""
+
+
+class NonRetryable(JustonceError):
+    """Raise from a task to fail its job at once (state ``dead``) without further attempts."""

@@ -1,0 +1,92 @@
+"""Tasks: a function registered with an App, plus its defaults."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .retry import Backoff
+
+if TYPE_CHECKING:
+    from .app import App
+    from .models import Job
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """One job request for :meth:`App.enqueue_many`. Options left None take the task's
+    defaults."""
+
+    task: str | Task
+    args: list[Any] | tuple[Any, ...] = ()
+    kwargs: dict[str, Any] | None = None
+    delay: float | timedelta | None = None
+    run_at: datetime | None = None
+    priority: int | None = None
+    queue: str | None = None
+    key: str | None = None
+    partition_key: str | int | None = None
+    max_attempts: int | None = None
+    timeout: float | None = None
+
+
+@dataclass
+class Task:
+    """A registered task. Calling it runs the function here and now; ``enqueue`` queues it."""
+
+    app: App
+    fn: Callable[..., Any]
+    name: str
+    queue: str
+    priority: int
+    max_attempts: int
+    timeout: float
+    backoff: Backoff | Callable[[int], float]
+    is_async: bool = field(init=False)
+    signature: inspect.Signature | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        try:
+            self.signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            self.signature = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def retry_delay(self, attempt: int) -> float:
+        if isinstance(self.backoff, Backoff):
+            return self.backoff.delay(attempt)
+        return max(0.0, float(self.backoff(attempt)))
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+        """Queue one run with these arguments and the task's default options."""
+        return self.app.enqueue(self, args=args, kwargs=kwargs)
+
+    def configure(self, **options: Any) -> TaskCall:
+        """Options for one enqueue: ``task.configure(delay=5, key="x").enqueue(1, 2)``."""
+        return TaskCall(self, options)
+
+    def enqueue_many(self, calls: Iterable[tuple[Any, ...] | dict[str, Any]], **options: Any) -> list[int]:
+        """Queue many runs in one round trip: each item is a tuple of positional
+        arguments or a dict of keyword arguments."""
+        reqs = []
+        for call in calls:
+            if isinstance(call, dict):
+                reqs.append(Enqueue(self, kwargs=call, **options))
+            else:
+                reqs.append(Enqueue(self, args=tuple(call), **options))
+        return self.app.enqueue_many(reqs)
+
+
+@dataclass(frozen=True)
+class TaskCall:
+    task: Task
+    options: dict[str, Any]
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+        return self.task.app.enqueue(self.task, args=args, kwargs=kwargs, **self.options)

@@ -1,0 +1,152 @@
+"""Validation of everything a caller hands to justonce, and the documented limits.
+
+Every check raises a :class:`~justonce.errors.ValidationError` subclass with a message that
+names the bad value, before anything touches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import InvalidArguments, InvalidName, InvalidOption, PayloadTooLarge
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+"""Arguments of one job (args + kwargs as JSON text)."""
+MAX_RESULT_BYTES = 64 * 1024
+"""A task's return value as JSON text; larger results are dropped with a note."""
+MAX_ERROR_CHARS = 4000
+MAX_KEY_CHARS = 512
+MAX_DELAY_SECONDS = 10 * 365 * 86400
+MAX_TIMEOUT_SECONDS = 7 * 86400
+MAX_ATTEMPTS = 1000
+PRIORITY_RANGE = (-1000, 1000)
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}$")
+
+
+def queue_name(value: Any) -> str:
+    if not isinstance(value, str) or not QUEUE_NAME.match(value):
+        raise InvalidName(
+            f"bad queue name {value!r}: 1-63 characters of letters, digits, '_', '.', ':' "
+            "or '-', starting with a letter or digit"
+        )
+    return value
+
+
+def task_name(value: Any) -> str:
+    if not isinstance(value, str) or not TASK_NAME.match(value):
+        raise InvalidName(
+            f"bad task name {value!r}: 1-200 characters of letters, digits, '_', '.', ':' "
+            "or '-', starting with a letter or '_'"
+        )
+    return value
+
+
+def optional_key(value: Any, what: str = "key") -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
+        raise InvalidName(f"bad {what} {value!r}: a non-empty string of at most {MAX_KEY_CHARS}")
+    return value
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArguments(f"{what} are not JSON-serialisable: {exc}") from None
+
+
+def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
+    """(args_json, kwargs_json), checked for type, JSON-ness and size."""
+    if args is None:
+        args = []
+    if isinstance(args, (str, bytes, dict)) or not isinstance(args, (list, tuple)):
+        raise InvalidArguments(f"args must be a list or tuple, not {type(args).__name__}")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise InvalidArguments(f"kwargs must be a dict, not {type(kwargs).__name__}")
+    bad = [k for k in kwargs if not isinstance(k, str)]
+    if bad:
+        raise InvalidArguments(f"kwargs keys must be strings, got {bad[0]!r}")
+    args_json = _dumps(list(args), "args")
+    kwargs_json = _dumps(kwargs, "kwargs")
+    size = len(args_json.encode()) + len(kwargs_json.encode())
+    if size > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"job arguments are {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
+        )
+    return args_json, kwargs_json
+
+
+def result_json(value: Any) -> tuple[str | None, str | None]:
+    """(json, note): a result that cannot be stored is dropped and the note says why."""
+    if value is None:
+        return None, None
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return None, f"result dropped: not JSON-serialisable ({exc})"
+    if len(text) > MAX_RESULT_BYTES:
+        return None, f"result dropped: {len(text)} bytes over the {MAX_RESULT_BYTES} limit"
+    return text, None
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidOption(f"{what} must be a number of seconds, not {value!r}")
+    return float(value)
+
+
+def delay(value: Any) -> float:
+    seconds = _number(value, "delay")
+    if seconds < 0:
+        raise InvalidOption(f"delay must be >= 0 seconds, not {seconds:g}")
+    if seconds > MAX_DELAY_SECONDS:
+        raise InvalidOption(f"delay of {seconds:g}s is over the limit of {MAX_DELAY_SECONDS}s")
+    return seconds
+
+
+def run_at(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidOption(f"run_at must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidOption("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    return value
+
+
+def timeout(value: Any) -> float:
+    seconds = _number(value, "timeout")
+    if not 0 < seconds <= MAX_TIMEOUT_SECONDS:
+        raise InvalidOption(f"timeout must be in (0, {MAX_TIMEOUT_SECONDS}] seconds, not {seconds:g}")
+    return seconds
+
+
+def attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise InvalidOption(f"max_attempts must be an integer in [1, {MAX_ATTEMPTS}], not {value!r}")
+    return value
+
+
+def priority(value: Any) -> int:
+    lo, hi = PRIORITY_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {value!r}")
+    return value
+
+
+def positive(value: Any, what: str) -> float:
+    seconds = _number(value, what)
+    if seconds <= 0:
+        raise InvalidOption(f"{what} must be > 0, not {seconds:g}")
+    return seconds

@@ -1,0 +1,133 @@
+"""Runs one claimed job and turns what happened into an outcome to record.
+
+Sync tasks run in the calling slot thread; ``async def`` tasks run on one event loop per
+worker (a thread of its own), and the slot waits for them. Nothing a task does — raise,
+return something odd, take wrong arguments — escapes as an exception here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import validate
+from ..errors import NonRetryable
+from ..models import ClaimedJob, Completion, Failure
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..tasks import Task
+
+
+@dataclass(slots=True)
+class Outcome:
+    """``kind`` is succeeded, failed, timeout, unknown_task or bad_arguments."""
+
+    kind: str
+    duration: float
+    completion: Completion | None = None
+    failure: Failure | None = None
+
+
+class AsyncRunner:
+    """An event loop in a daemon thread, started on first use."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="justonce-async", daemon=True
+                ).start()
+                self._loop = loop
+            return self._loop
+
+    def submit(self, task: Task, job: ClaimedJob) -> concurrent.futures.Future[Any]:
+        async def run() -> Any:
+            return await asyncio.wait_for(task.fn(*job.args, **job.kwargs), job.timeout)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop = None
+
+
+def _error_text(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    head = f"{type(exc).__name__}: {exc}"
+    if len(text) > validate.MAX_ERROR_CHARS:
+        text = head + "\n…\n" + text[-(validate.MAX_ERROR_CHARS - len(head) - 3):]
+    return text
+
+
+class Executor:
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.async_runner = AsyncRunner()
+
+    def run(self, job: ClaimedJob, on_future: Any = None) -> Outcome:
+        """Run the job once. ``on_future(fut)`` is told the future of an async task so
+        the worker can cancel it (timeout, shutdown)."""
+        start = time.perf_counter()
+        task = self.app.tasks.get(job.task)
+        if task is None:
+            return self._fail(job, start, "unknown_task", None,
+                              f"unknown task {job.task!r}: no worker task is registered "
+                              "under that name", final=True)
+        if task.signature is not None:
+            try:
+                task.signature.bind(*job.args, **job.kwargs)
+            except TypeError as exc:
+                return self._fail(job, start, "bad_arguments", task,
+                                  f"arguments do not match {job.task}{task.signature}: {exc}",
+                                  final=True)
+        try:
+            if task.is_async:
+                fut = self.async_runner.submit(task, job)
+                if on_future is not None:
+                    on_future(fut)
+                result = fut.result()
+            else:
+                result = task.fn(*job.args, **job.kwargs)
+        except TimeoutError:
+            return self._fail(job, start, "timeout", task,
+                              f"timeout: attempt {job.attempts} ran over {job.timeout:g}s")
+        except concurrent.futures.CancelledError:
+            return self._fail(job, start, "cancelled", task, "cancelled by the worker")
+        except NonRetryable as exc:
+            return self._fail(job, start, "failed", task, _error_text(exc), final=True)
+        except Exception as exc:
+            return self._fail(job, start, "failed", task, _error_text(exc))
+        result_json, note = validate.result_json(result)
+        return Outcome(
+            "succeeded", time.perf_counter() - start,
+            completion=Completion(job.id, job.lease_token, result_json, note),
+        )
+
+    def failure_for(
+        self, job: ClaimedJob, task: Task | None, error: str, final: bool = False
+    ) -> Failure:
+        """The failure to record: retry after the task's backoff unless attempts are spent."""
+        retry_in = None
+        if not final and task is not None and job.attempts < job.max_attempts:
+            retry_in = task.retry_delay(job.attempts)
+        return Failure(job.id, job.lease_token, error, retry_in)
+
+    def _fail(
+        self, job: ClaimedJob, start: float, kind: str, task: Task | None, error: str,
+        final: bool = False,
+    ) -> Outcome:
+        return Outcome(kind, time.perf_counter() - start,
+                       failure=self.failure_for(job, task, error, final))

@@ -1,0 +1,41 @@
+"""Housekeeping: promote due scheduled jobs, re-offer expired leases, prune old jobs.
+
+Every worker runs the loop; a row per duty in ``justonce_maintenance`` makes exactly one
+of them do each round (no session locks, so it works behind PgBouncer too).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..backends import Backend
+from ..models import HousekeepingReport
+
+log = logging.getLogger("justonce.maintenance")
+
+
+@dataclass
+class Maintenance:
+    backend: Backend
+    owner: str
+    interval: float = 1.0
+    prune_interval: float = 60.0
+    keep_succeeded: float = 86400.0
+    keep_dead: float = 7 * 86400.0
+
+    def run_once(self, force: bool = False) -> HousekeepingReport:
+        """One round. ``force`` skips the "is it my turn" check (tests, the CLI)."""
+        promoted = rescued = dead = pruned = 0
+        if force or self.backend.maintenance_try("rescue", self.interval, self.owner):
+            report = self.backend.jobs_rescue()
+            rescued, dead = report.rescued, report.dead
+            promoted = self.backend.jobs_promote()
+        if force or self.backend.maintenance_try("prune", self.prune_interval, self.owner):
+            pruned = self.backend.jobs_prune(self.keep_succeeded, self.keep_dead)
+        if rescued or dead:
+            log.warning(
+                "expired leases re-offered",
+                extra={"event": "leases.rescued", "rescued": rescued, "dead": dead},
+            )
+        return HousekeepingReport(promoted=promoted, rescued=rescued, dead=dead, pruned=pruned)

@@ -1,0 +1,494 @@
+"""The worker: claims jobs, runs them on slot threads, records outcomes, keeps leases.
+
+Threads of one worker process:
+- ``concurrency`` slot threads. A slot with nothing to run becomes the fetcher (one at a
+  time): it claims a batch and, when there is none, waits on the backend's waiter
+  (LISTEN/NOTIFY on Postgres, ``data_version`` on SQLite; polling as the fallback).
+- the acker: successful outcomes are written in batches (every ``ack_interval`` s or
+  ``ack_batch`` outcomes), one fenced statement per batch.
+- the supervisor: renews the leases of every job this worker holds (one statement), and
+  fails jobs that ran past their timeout.
+- the housekeeper: maintenance rounds (one worker in the fleet does each round).
+
+Failures are written at once by the slot. Every write carries the lease token; a write
+that is rejected means the lease was lost, and is logged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import validate
+from ..errors import InvalidOption, JustonceError
+from ..models import ClaimedJob, Completion, Failure
+from .executor import Executor
+from .maintenance import Maintenance
+from .producer import Producer
+
+if TYPE_CHECKING:
+    from ..app import App
+
+log = logging.getLogger("justonce.worker")
+
+
+@dataclass(eq=False)
+class _Slot:
+    index: int
+    abandoned: bool = False
+
+
+@dataclass(eq=False)
+class _Held:
+    job: ClaimedJob
+    started: float | None = None
+    deadline: float | None = None
+    slot: _Slot | None = None
+    finished: bool = False
+    """An outcome was recorded (or is being written): lease checks leave it alone."""
+    lost: bool = False
+    duration: float = 0.0
+    future: concurrent.futures.Future[Any] | None = None
+
+
+@dataclass
+class WorkerStats:
+    succeeded: int = 0
+    failed: int = 0
+    rejected: int = 0
+    lost: int = 0
+    claimed: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    """Runs the jobs of ``queues`` from ``app``'s database.
+
+    ``lease``: seconds a claim is valid without renewal; the worker renews every
+    ``heartbeat`` s (default ``lease / 3``). A worker that dies loses its leases within
+    ``lease`` s and housekeeping re-offers its jobs. ``grace``: seconds in-flight jobs get
+    to finish after a stop request before they are released.
+    """
+
+    def __init__(
+        self, app: App, *, queues: Sequence[str] | None = None, concurrency: int = 4,
+        lease: float = 15.0, heartbeat: float | None = None, poll: float = 1.0,
+        grace: float = 30.0, listen: bool = True, prefetch: int = 100,
+        ack_interval: float = 0.02, ack_batch: int = 500, housekeeping: bool = True,
+        housekeeping_interval: float = 1.0, keep_succeeded: float = 86400.0,
+        keep_dead: float = 7 * 86400.0, owner: str | None = None,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
+            raise InvalidOption(f"concurrency must be an integer in [1, 1000], not {concurrency!r}")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 10000:
+            raise InvalidOption(f"prefetch must be an integer in [1, 10000], not {prefetch!r}")
+        self.app = app
+        if queues is None:
+            queues = sorted({t.queue for t in app.tasks.values()}) or ["default"]
+        if isinstance(queues, str) or not queues:
+            raise InvalidOption("queues must be a non-empty list of queue names")
+        self.queues = [validate.queue_name(q) for q in queues]
+        self.concurrency = concurrency
+        self.lease = validate.positive(lease, "lease")
+        self.heartbeat = validate.positive(heartbeat, "heartbeat") if heartbeat else self.lease / 3
+        if self.heartbeat >= self.lease:
+            raise InvalidOption("heartbeat must be shorter than the lease")
+        self.poll = validate.positive(poll, "poll")
+        self.grace = float(grace)
+        if self.grace < 0:
+            raise InvalidOption("grace must be >= 0")
+        self.listen = listen
+        self.ack_interval = ack_interval
+        self.ack_batch = ack_batch
+        self.owner = owner or default_owner()
+        self.backend = app.backend
+        self.producer = Producer(self.backend, self.queues, self.owner, self.lease, prefetch)
+        self.executor = Executor(app)
+        self.maintenance = (
+            Maintenance(self.backend, self.owner, housekeeping_interval,
+                        keep_succeeded=keep_succeeded, keep_dead=keep_dead)
+            if housekeeping else None
+        )
+        self.stats = WorkerStats()
+
+        self._cond = threading.Condition()
+        self._ready: deque[int] = deque()
+        self._held: dict[int, _Held] = {}
+        self._acks: list[Completion] = []
+        self._running = 0
+        self._fetching = False
+        self._stopping = False
+        self._stop_requested = threading.Event()
+        self._done = threading.Event()
+        self._ack_wake = threading.Event()
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._grace_override: float | None = None
+        self._waiter = self.backend.waiter(self.queues, listen=listen)
+        self._runner: threading.Thread | None = None
+
+    # -- public control ----------------------------------------------------------------
+    def run(self) -> None:
+        """Run until :meth:`stop` (or SIGTERM / SIGINT when called on the main thread)."""
+        handlers = self._install_signals()
+        try:
+            self._start_threads()
+            log.info("worker started", extra={
+                "event": "worker.started", "owner": self.owner, "queues": self.queues,
+                "concurrency": self.concurrency, "backend": self.backend.name,
+            })
+            self._stop_requested.wait()
+            self._shutdown()
+        finally:
+            for sig, old in handlers.items():
+                signal.signal(sig, old)
+            self._done.set()
+
+    def start(self) -> Worker:
+        """Run in a background thread (for embedding and tests); returns self."""
+        self._runner = threading.Thread(target=self.run, name="justonce-worker", daemon=True)
+        self._runner.start()
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Ask for a graceful stop: no new claims, in-flight jobs get ``grace`` seconds
+        (default: the worker's), then whatever still runs is released."""
+        if grace is not None:
+            self._grace_override = grace
+        self._stop_requested.set()
+        self._waiter.close()
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    # -- threads -----------------------------------------------------------------------
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        old: dict[int, Any] = {}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self._stop_requested.is_set():
+                log.warning("second signal: stopping now", extra={"event": "worker.kill"})
+                self._grace_override = 0.0
+                with self._cond:
+                    self._cond.notify_all()
+            self.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, on_signal)
+        return old
+
+    def _spawn(self, target: Any, name: str, *args: Any) -> threading.Thread:
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+        return t
+
+    def _start_threads(self) -> None:
+        for i in range(self.concurrency):
+            self._spawn(self._slot_loop, f"justonce-slot-{i}", _Slot(i))
+        self._spawn(self._ack_loop, "justonce-acker")
+        self._spawn(self._supervise_loop, "justonce-supervisor")
+        if self.maintenance is not None:
+            self._spawn(self._maintenance_loop, "justonce-housekeeper")
+
+    # -- slots -------------------------------------------------------------------------
+    def _slot_loop(self, slot: _Slot) -> None:
+        while True:
+            held = self._next_job(slot)
+            if held is None:
+                return
+            self._execute(held)
+            if slot.abandoned:
+                return  # a replacement slot took over while this one was stuck
+
+    def _next_job(self, slot: _Slot) -> _Held | None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopping:
+                        return None
+                    if self._ready:
+                        h = self._held[self._ready.popleft()]
+                        h.started = time.monotonic()
+                        h.deadline = h.started + h.job.timeout
+                        h.slot = slot
+                        self._running += 1
+                        return h
+                    if not self._fetching:
+                        self._fetching = True
+                        free = self.concurrency - self._running
+                        break
+                    self._cond.wait(0.5)
+            jobs = self._fetch(free)
+            with self._cond:
+                self._fetching = False
+                # Jobs claimed while a stop began stay held: the shutdown releases them.
+                for job in jobs:
+                    self._held[job.id] = _Held(job)
+                    self._ready.append(job.id)
+                self.stats.claimed += len(jobs)
+                self._cond.notify_all()
+
+    def _fetch(self, free: int) -> list[ClaimedJob]:
+        try:
+            jobs = self.producer.claim(self.producer.batch_size(free))
+        except JustonceError as exc:
+            log.warning("claim failed, retrying", extra={"event": "claim.error", "error": str(exc)})
+            self._stop_requested.wait(min(self.poll, 1.0))
+            return []
+        if not jobs and not self._stop_requested.is_set():
+            self._waiter.wait(self.poll)
+        return jobs
+
+    def _execute(self, h: _Held) -> None:
+        def on_future(fut: concurrent.futures.Future[Any]) -> None:
+            with self._cond:
+                h.future = fut
+
+        outcome = self.executor.run(h.job, on_future)
+        self.producer.observe(outcome.duration)
+        with self._cond:
+            if not (h.slot is not None and h.slot.abandoned):
+                self._running -= 1  # an abandoned slot was already counted out
+            self._cond.notify_all()
+            if h.finished or h.lost:
+                # The supervisor already failed it (timeout) or the lease was lost.
+                discarded = True
+            else:
+                discarded = False
+                h.finished = True
+                h.duration = outcome.duration
+                if outcome.completion is not None:
+                    self._acks.append(outcome.completion)
+                    if len(self._acks) >= self.ack_batch:
+                        self._ack_wake.set()
+                    return
+                self._held.pop(h.job.id, None)
+        if discarded:
+            log.warning("outcome discarded: the job's lease was lost or it timed out", extra={
+                "event": "job.discarded", "job_id": h.job.id, "task": h.job.task,
+                "outcome": outcome.kind,
+            })
+            return
+        assert outcome.failure is not None
+        self._record_failure(h.job, outcome.failure, outcome.kind, outcome.duration)
+
+    def _record_failure(self, job: ClaimedJob, failure: Failure, kind: str, duration: float) -> None:
+        state = None
+        for attempt in range(3):
+            try:
+                state = self.backend.job_fail(failure, kind)
+                break
+            except JustonceError as exc:
+                if attempt == 2:
+                    log.error("could not record failure; the lease will expire and the job "
+                              "will be re-offered", extra={"event": "job.fail_write_error",
+                                                           "job_id": job.id, "error": str(exc)})
+                    return
+                time.sleep(0.2 * (attempt + 1))
+        if state is None:
+            self.stats.rejected += 1
+            log.warning("late write rejected: lease lost", extra={
+                "event": "job.rejected", "job_id": job.id, "task": job.task, "outcome": kind,
+            })
+            return
+        self.stats.failed += 1
+        if log.isEnabledFor(logging.INFO):
+            log.info("job %s", kind, extra={
+                "event": f"job.{kind}", "job_id": job.id, "task": job.task, "queue": job.queue,
+                "attempt": job.attempts, "state": state.value,
+                "retry_in": None if failure.retry_in is None else round(failure.retry_in, 3),
+                "duration_ms": round(duration * 1000, 3),
+                "error": failure.error.splitlines()[-1][:200] if failure.error else None,
+            })
+
+    # -- acker -------------------------------------------------------------------------
+    def _ack_loop(self) -> None:
+        while not self._closed.is_set():
+            self._ack_wake.wait(self.ack_interval)
+            self._ack_wake.clear()
+            self._flush_acks()
+
+    def _flush_acks(self) -> bool:
+        """Write buffered completions; False if the database did not take them."""
+        with self._cond:
+            batch, self._acks = self._acks, []
+        if not batch:
+            return True
+        try:
+            accepted = self.backend.job_complete_many(batch)
+        except JustonceError as exc:
+            with self._cond:
+                self._acks[:0] = batch
+            log.warning("could not record completions, retrying", extra={
+                "event": "ack.error", "error": str(exc), "pending": len(batch)})
+            self._closed.wait(0.5)
+            return False
+        info = log.isEnabledFor(logging.INFO)
+        with self._cond:
+            helds = [self._held.pop(c.id, None) for c in batch]
+        for c, h in zip(batch, helds, strict=True):
+            if c.id in accepted:
+                self.stats.succeeded += 1
+                if info and h is not None:
+                    log.info("job succeeded", extra={
+                        "event": "job.succeeded", "job_id": c.id, "task": h.job.task,
+                        "queue": h.job.queue, "attempt": h.job.attempts,
+                        "duration_ms": round(h.duration * 1000, 3), "note": c.note,
+                    })
+            else:
+                self.stats.rejected += 1
+                log.warning("late completion rejected: lease lost", extra={
+                    "event": "job.rejected", "job_id": c.id,
+                    "task": h.job.task if h else None, "outcome": "succeeded",
+                })
+        return True
+
+    # -- supervisor: leases and timeouts -----------------------------------------------
+    def _supervise_loop(self) -> None:
+        tick = min(0.1, self.heartbeat / 4)
+        next_beat = time.monotonic() + self.heartbeat
+        while not self._closed.wait(tick):
+            self._check_timeouts()
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.heartbeat
+                self._renew_leases()
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        late: list[_Held] = []
+        with self._cond:
+            for h in self._held.values():
+                if h.deadline is not None and not h.finished and not h.lost and now > h.deadline:
+                    h.finished = True
+                    late.append(h)
+                    if h.slot is not None and h.future is None:
+                        # A sync task cannot be interrupted: leave its thread to finish on
+                        # its own (its outcome will be discarded) and start a new slot.
+                        h.slot.abandoned = True
+                        self._running -= 1
+                        self._spawn(self._slot_loop, f"justonce-slot-{h.slot.index}r",
+                                    _Slot(h.slot.index))
+            for h in late:
+                self._held.pop(h.job.id, None)
+        for h in late:
+            if h.future is not None:
+                h.future.cancel()
+            task = self.app.tasks.get(h.job.task)
+            failure = self.executor.failure_for(
+                h.job, task, f"timeout: attempt {h.job.attempts} ran over {h.job.timeout:g}s"
+            )
+            self._record_failure(h.job, failure, "timeout", now - (h.started or now))
+
+    def _renew_leases(self) -> None:
+        with self._cond:
+            pairs = [(i, h.job.lease_token) for i, h in self._held.items()]
+        if not pairs:
+            return
+        try:
+            renewed = self.backend.job_heartbeat(pairs, self.lease)
+        except JustonceError as exc:
+            log.warning("lease renewal failed", extra={"event": "heartbeat.error", "error": str(exc)})
+            return
+        lost = []
+        with self._cond:
+            for job_id, _ in pairs:
+                h = self._held.get(job_id)
+                if job_id in renewed or h is None or h.finished:
+                    continue
+                h.lost = True
+                lost.append(h)
+                self._held.pop(job_id, None)
+                if h.started is None:
+                    try:
+                        self._ready.remove(job_id)
+                    except ValueError:
+                        pass
+        for h in lost:
+            self.stats.lost += 1
+            if h.future is not None:
+                h.future.cancel()
+            log.warning("lease lost: the job was re-offered or cancelled", extra={
+                "event": "job.lease_lost", "job_id": h.job.id, "task": h.job.task,
+            })
+
+    # -- housekeeping ------------------------------------------------------------------
+    def _maintenance_loop(self) -> None:
+        assert self.maintenance is not None
+        while not self._closed.wait(self.maintenance.interval):
+            try:
+                self.maintenance.run_once()
+            except JustonceError as exc:
+                log.warning("housekeeping failed", extra={"event": "maintenance.error",
+                                                          "error": str(exc)})
+
+    # -- shutdown ----------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            unstarted = [self._held.pop(i) for i in self._ready if i in self._held]
+            self._ready.clear()
+            self._cond.notify_all()
+        self._release([h.job for h in unstarted], refund=True)
+        grace = self.grace if self._grace_override is None else self._grace_override
+        deadline = time.monotonic() + grace
+        with self._cond:
+            while self._running > 0:
+                left = deadline - time.monotonic()
+                if self._grace_override is not None:
+                    left = min(left, deadline - time.monotonic(), self._grace_override)
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.1))
+            # Claims that raced with the stop, and jobs still running after the grace.
+            leftovers = [h for h in self._held.values() if not h.finished]
+            for h in leftovers:
+                h.lost = True
+                self._held.pop(h.job.id, None)
+        for h in leftovers:
+            if h.future is not None:
+                h.future.cancel()
+        self._release([h.job for h in leftovers if h.started is None], refund=True)
+        still_running = [h.job for h in leftovers if h.started is not None]
+        if still_running:
+            log.warning("grace period over: releasing running jobs", extra={
+                "event": "worker.released", "jobs": [j.id for j in still_running]})
+        self._release(still_running, refund=False)
+        for _ in range(20):
+            if self._flush_acks():
+                with self._cond:
+                    if not self._acks:
+                        break
+        self._closed.set()
+        self._ack_wake.set()
+        self._waiter.close()
+        self.executor.async_runner.close()
+        log.info("worker stopped", extra={
+            "event": "worker.stopped", "owner": self.owner, "succeeded": self.stats.succeeded,
+            "failed": self.stats.failed, "rejected": self.stats.rejected,
+        })
+
+    def _release(self, jobs: list[ClaimedJob], refund: bool) -> None:
+        if not jobs:
+            return
+        try:
+            self.backend.job_release([(j.id, j.lease_token) for j in jobs], refund)
+        except JustonceError as exc:
+            log.warning("could not release jobs; their leases will expire", extra={
+                "event": "release.error", "error": str(exc)})
