@@ -9,6 +9,7 @@ retry covers SQLITE_BUSY beyond the busy timeout.
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import threading
 import time
@@ -28,6 +29,7 @@ NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
 Q = load_queries(HERE / "queries.sql", {"NOW()": NOW_SQL})
 MIGRATIONS = migration_files(HERE / "migrations")
 LATEST = MIGRATIONS[-1][0]
+SQLITE_BUSY_MS = 5  # SQLite's own wait; the fair retry loop in _write does the rest
 SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 T = TypeVar("T")
 
@@ -85,7 +87,7 @@ class SQLiteBackend:
             raise ConfigurationError(f"synchronous={sync!r}: use one of {sorted(SYNCHRONOUS)}")
         self.synchronous = sync
         try:
-            self.busy_timeout = float(options.pop("busy_timeout", "5000")) / 1000.0
+            self.busy_timeout = float(options.pop("busy_timeout", "30000")) / 1000.0
         except ValueError:
             raise ConfigurationError(f"busy_timeout in {url!r} must be milliseconds") from None
         if options:
@@ -104,12 +106,12 @@ class SQLiteBackend:
         if conn is None:
             try:
                 conn = sqlite3.connect(
-                    self.path, timeout=self.busy_timeout, isolation_level=None,
+                    self.path, timeout=SQLITE_BUSY_MS / 1000, isolation_level=None,
                     check_same_thread=False,
                 )
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self.synchronous}")
-                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+                conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
             except sqlite3.Error as exc:
                 raise DatabaseUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
             conn.row_factory = sqlite3.Row
@@ -131,35 +133,47 @@ class SQLiteBackend:
         self._schema_ok = True
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], *, schema: bool = True) -> T:
-        """Run ``fn`` in one BEGIN IMMEDIATE transaction, retrying SQLITE_BUSY a bounded
-        number of times (each try already waited the busy timeout inside SQLite)."""
+        """Run ``fn`` in one BEGIN IMMEDIATE transaction.
+
+        SQLite's own busy handler is unfair: a waiter backs off to 100 ms sleeps while
+        newcomers retry every millisecond, so under load an old waiter (a lease renewal!)
+        can starve for seconds. The connection's busy timeout is therefore tiny and this
+        loop retries with short random sleeps until ``busy_timeout`` has passed, which
+        gives every waiter about the same chance."""
         if schema:
             self._ensure_schema()
         conn = self._conn()
-        for attempt in range(8):
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
             try:
                 conn.execute("BEGIN IMMEDIATE")
+                break
             except sqlite3.OperationalError as exc:
-                if _is_busy(exc) and attempt < 7:
-                    time.sleep(min(0.01 * 2**attempt, 0.5))
-                    continue
-                raise DatabaseUnavailable(f"SQLite write lock not available: {exc}") from exc
-            try:
-                result = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
-                conn.execute("ROLLBACK")
-                raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
-            return result
-        raise DatabaseUnavailable("SQLite write lock not available")  # pragma: no cover
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise DatabaseUnavailable(f"SQLite write lock not available: {exc}") from exc
+                time.sleep(random.uniform(0.0002, 0.002))
+        try:
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            conn.execute("ROLLBACK")
+            raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
+        return result
 
     def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
         self._ensure_schema()
-        return self._conn().execute(sql, params).fetchall()
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return self._conn().execute(sql, params).fetchall()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise DatabaseUnavailable(f"SQLite read failed: {exc}") from exc
+                time.sleep(random.uniform(0.0002, 0.002))
 
     # -- schema -----------------------------------------------------------------------
     def schema_version(self) -> int:

@@ -1,0 +1,266 @@
+"""The ``justonce`` command line: thin — parse, call the App, print."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import logs
+from .app import App
+from .errors import ConfigurationError, JustonceError
+from .models import Job
+from .types import JobState
+
+out = Console()
+
+
+class Group(click.Group):
+    """Turns every JustonceError into a one-line message and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except JustonceError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+
+def database_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--database-url", envvar="JUSTONCE_DATABASE_URL", default=None, metavar="URL",
+        help="sqlite:///path.db (default sqlite:///justonce.db) or postgresql://… "
+        "[env JUSTONCE_DATABASE_URL]",
+    )(fn)
+
+
+def load_app(path: str | None, database_url: str | None, strict: bool = True) -> App:
+    """``pkg.module:app`` → the App object, pointed at ``database_url`` when given."""
+    if not path:
+        return App(database_url, strict=strict)
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"--app {path!r} must look like package.module:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} for --app: {exc}") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{path!r} is not a justonce.App (got {type(app).__name__})")
+    if database_url:
+        app.use_database(database_url)
+    return app
+
+
+def parse_json(value: str | None, what: str, kind: type) -> Any:
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=what) from None
+    if not isinstance(parsed, kind):
+        raise click.BadParameter(f"must be a JSON {'array' if kind is list else 'object'}",
+                                 param_hint=what)
+    return parsed
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="justonce")
+def cli() -> None:
+    """justonce: a job queue in your SQL database that does nothing twice and loses nothing."""
+
+
+@cli.command()
+@database_option
+def migrate(database_url: str | None) -> None:
+    """Create or upgrade justonce's tables."""
+    app = App(database_url)
+    applied = app.migrate()
+    out.print(f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied
+              else "schema is up to date")
+
+
+@cli.command()
+@click.option("--app", "app_path", required=True, metavar="MODULE:APP",
+              help="The App that registers your tasks, e.g. myproject.tasks:app")
+@database_option
+@click.option("--queues", default=None, help="Comma-separated queues (default: the app's).")
+@click.option("--concurrency", "-c", default=4, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--lease", default=15.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds a claim lives without renewal.")
+@click.option("--heartbeat", default=None, type=click.FloatRange(min=0.01),
+              help="Seconds between lease renewals [default: lease/3].")
+@click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds in-flight jobs get to finish on SIGTERM.")
+@click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Seconds between polls when idle (wake-ups usually come sooner).")
+@click.option("--prefetch", default=100, show_default=True, type=click.IntRange(1, 10000),
+              help="Most jobs leased at once by this worker.")
+@click.option("--no-listen", is_flag=True, help="Never LISTEN (PgBouncer transaction mode).")
+@click.option("--housekeeping-interval", default=1.0, show_default=True,
+              type=click.FloatRange(min=0.05))
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
+def worker(app_path: str, database_url: str | None, queues: str | None, concurrency: int,
+           lease: float, heartbeat: float | None, grace: float, poll: float, prefetch: int,
+           no_listen: bool, housekeeping_interval: float, log_level: str, log_format: str) -> None:
+    """Run jobs until SIGTERM / SIGINT (a second signal stops at once)."""
+    from .worker import Worker
+
+    logs.setup(log_level, json_lines=log_format == "json")
+    app = load_app(app_path, database_url)
+    queue_list = [q.strip() for q in queues.split(",")] if queues else None
+    w = Worker(app, queues=queue_list, concurrency=concurrency, lease=lease,
+               heartbeat=heartbeat, grace=grace, poll=poll, prefetch=prefetch,
+               listen=not no_listen, housekeeping_interval=housekeeping_interval)
+    w.run()
+    app.close()
+
+
+@cli.command()
+@click.argument("task")
+@click.option("--args", "args_json", default=None, metavar="JSON", help="Positional arguments, a JSON array.")
+@click.option("--kwargs", "kwargs_json", default=None, metavar="JSON", help="Keyword arguments, a JSON object.")
+@click.option("--queue", default=None)
+@click.option("--delay", default=None, type=float, help="Seconds from now.")
+@click.option("--priority", default=None, type=int, help="Lower runs first.")
+@click.option("--key", default=None, help="Uniqueness key among live jobs.")
+@click.option("--max-attempts", default=None, type=int)
+@click.option("--timeout", default=None, type=float)
+@click.option("--app", "app_path", default=None, metavar="MODULE:APP",
+              help="Check TASK against this app's tasks and use its defaults.")
+@database_option
+def enqueue(task: str, args_json: str | None, kwargs_json: str | None, queue: str | None,
+            delay: float | None, priority: int | None, key: str | None,
+            max_attempts: int | None, timeout: float | None, app_path: str | None,
+            database_url: str | None) -> None:
+    """Queue one run of TASK and print its id."""
+    args = parse_json(args_json, "--args", list) or []
+    kwargs = parse_json(kwargs_json, "--kwargs", dict)
+    app = load_app(app_path, database_url, strict=app_path is not None)
+    job = app.enqueue(task, args, kwargs, queue=queue, delay=delay, priority=priority, key=key,
+                      max_attempts=max_attempts, timeout=timeout)
+    note = " (existing job holding that key)" if job.duplicate else ""
+    out.print(f"job {job.id} {job.state}{note}")
+
+
+@cli.command()
+@database_option
+def status(database_url: str | None) -> None:
+    """Jobs per queue and state."""
+    counts = App(database_url).queue_counts()
+    states = [s.value for s in JobState]
+    table = Table("queue", *states, title="justonce jobs")
+    by_queue: dict[str, dict[str, int]] = {}
+    for c in counts:
+        by_queue.setdefault(c.queue, {})[c.state.value] = c.count
+    for queue, row in sorted(by_queue.items()):
+        table.add_row(queue, *(str(row.get(s, 0)) for s in states))
+    if not by_queue:
+        out.print("no jobs")
+        return
+    out.print(table)
+
+
+@cli.group()
+def jobs() -> None:
+    """List, inspect, retry and cancel jobs."""
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice([s.value for s in JobState]), default=None)
+@click.option("--queue", default=None)
+@click.option("--task", default=None)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+@database_option
+def jobs_list(state: str | None, queue: str | None, task: str | None, limit: int,
+              database_url: str | None) -> None:
+    """The newest jobs first."""
+    rows = App(database_url).list_jobs(state=state, queue=queue, task=task, limit=limit)
+    table = Table("id", "queue", "task", "state", "attempts", "run_at", "last error")
+    for j in rows:
+        err = (j.last_error or "").strip().splitlines()
+        table.add_row(str(j.id), j.queue, j.task, j.state.value, f"{j.attempts}/{j.max_attempts}",
+                      j.run_at.isoformat(timespec="seconds"), err[-1][:60] if err else "")
+    out.print(table if rows else "no jobs")
+
+
+def _print_job(job: Job) -> None:
+    table = Table(show_header=False, box=None)
+    for name in ("id", "queue", "task", "state", "priority", "attempts", "max_attempts",
+                 "timeout", "key", "partition_key", "run_at", "created_at", "started_at",
+                 "finished_at", "lease_owner", "lease_expires_at"):
+        value = getattr(job, name)
+        table.add_row(name, "" if value is None else str(value))
+    table.add_row("args", json.dumps(job.args))
+    table.add_row("kwargs", json.dumps(job.kwargs))
+    table.add_row("result", json.dumps(job.result))
+    out.print(table)
+    if job.errors:
+        out.print("[bold]history[/bold]")
+        for e in job.errors:
+            first = str(e.get("error", "")).strip().splitlines()
+            out.print(f"  attempt {e.get('attempt')} {e.get('kind')} at {e.get('at')} "
+                      f"({e.get('owner')}): {first[-1] if first else ''}")
+    if job.last_error:
+        out.print("[bold]last error[/bold]")
+        out.print(job.last_error, markup=False, highlight=False)
+
+
+@jobs.command("show")
+@click.argument("job_id", type=click.IntRange(min=1))
+@database_option
+def jobs_show(job_id: int, database_url: str | None) -> None:
+    """Everything about one job, with its history of failed attempts."""
+    _print_job(App(database_url).get_job(job_id))
+
+
+@jobs.command("retry")
+@click.argument("job_id", type=click.IntRange(min=1))
+@database_option
+def jobs_retry(job_id: int, database_url: str | None) -> None:
+    """Make a dead or cancelled job ready again."""
+    job = App(database_url).retry(job_id)
+    out.print(f"job {job.id} {job.state}")
+
+
+@jobs.command("cancel")
+@click.argument("job_id", type=click.IntRange(min=1))
+@database_option
+def jobs_cancel(job_id: int, database_url: str | None) -> None:
+    """Cancel a scheduled, ready or running job."""
+    job = App(database_url).cancel(job_id)
+    out.print(f"job {job.id} {job.state}")
+
+
+@cli.group()
+def demo() -> None:
+    """Runnable demonstrations on real worker processes."""
+
+
+@demo.command("jobs")
+@click.option("--jobs", "n_jobs", default=20000, show_default=True, type=click.IntRange(1, 10_000_000))
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--kill-one", is_flag=True, help="kill -9 one worker midway.")
+@database_option
+def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | None) -> None:
+    """Queue N jobs, run them on W worker processes, and prove none ran twice or got lost."""
+    from .demo.jobs import run_demo
+
+    ok = run_demo(database_url, n_jobs, workers, kill_one, out)
+    sys.exit(0 if ok else 1)
+
+
+def main() -> None:
+    cli(prog_name="justonce")

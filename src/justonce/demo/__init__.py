@@ -1,0 +1,1 @@
+"""Demonstrations that run on real worker processes (``justonce demo …``)."""

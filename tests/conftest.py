@@ -1,0 +1,94 @@
+"""Fixtures shared by every suite: one behaviour suite runs against a temp SQLite file and
+against the real PostgreSQL (a schema of its own per test)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from justonce import App  # noqa: E402
+from pgcluster import DEFAULT_URL, Cluster, can_connect, pg_bin  # noqa: E402
+
+REQUIRE_PG = os.environ.get("JUSTONCE_REQUIRE_POSTGRES") == "1"
+_pg: dict[str, object] = {}
+
+
+def _postgres_url() -> str | None:
+    """The server URL, starting a throwaway cluster if no server answers. None = skip."""
+    if "url" in _pg:
+        return _pg["url"]  # type: ignore[return-value]
+    url = os.environ.get("JUSTONCE_TEST_POSTGRES_URL", DEFAULT_URL)
+    reason = can_connect(url)
+    if reason is not None and pg_bin() is not None:
+        try:
+            cluster = Cluster.create()
+            _pg["cluster"] = cluster
+            url, reason = cluster.url, None
+        except Exception as exc:  # noqa: BLE001
+            reason = f"{reason}; a throwaway cluster failed too: {exc}"
+    _pg["url"] = None if reason else url
+    _pg["reason"] = reason
+    return _pg["url"]  # type: ignore[return-value]
+
+
+def postgres_or_skip() -> str:
+    url = _postgres_url()
+    if url is None:
+        msg = f"PostgreSQL not available: {_pg['reason']}"
+        if REQUIRE_PG:
+            pytest.fail(msg + " (JUSTONCE_REQUIRE_POSTGRES=1)", pytrace=False)
+        pytest.skip(msg)
+    return url
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    cluster = _pg.get("cluster")
+    if isinstance(cluster, Cluster):
+        cluster.destroy()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    if _pg.get("reason"):
+        terminalreporter.write_sep(
+            "!", f"POSTGRES TESTS SKIPPED: {_pg['reason']}", red=True, bold=True
+        )
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    return postgres_or_skip()
+
+
+def _drop_schema(server: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database of each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'jobs.db'}"
+        return
+    server = postgres_or_skip()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    sep = "&" if "?" in server else "?"
+    yield f"{server}{sep}schema={schema}"
+    _drop_schema(server, schema)
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[App]:
+    a = App(db_url)
+    a.migrate()
+    yield a
+    a.close()
