@@ -387,7 +387,9 @@ class SQLiteBackend:
 class SQLiteWaiter:
     """SQLite has no notifications between processes, but ``PRAGMA data_version`` changes
     whenever another connection commits; reading it is cheap (no table access), so idle
-    workers check it every few milliseconds and claim only when something changed."""
+    workers check it every few milliseconds and claim only when something changed.
+
+    Used by one thread; ``close`` may come from any thread and only sets a flag."""
 
     CHECK_EVERY = 0.005
 
@@ -395,6 +397,7 @@ class SQLiteWaiter:
         self.backend = backend
         self._conn: sqlite3.Connection | None = None
         self._version: int | None = None
+        self._stop = threading.Event()
 
     def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -402,19 +405,20 @@ class SQLiteWaiter:
             if self._conn is None:
                 self._conn = sqlite3.connect(self.backend.path, check_same_thread=False)
                 self._version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            while time.monotonic() < deadline:
+            while not self._stop.is_set() and time.monotonic() < deadline:
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
                 if version != self._version:
                     self._version = version
                     return
                 time.sleep(self.CHECK_EVERY)
         except sqlite3.Error:
-            time.sleep(max(0.0, deadline - time.monotonic()))
-
-    def close(self) -> None:
-        if self._conn is not None:
+            self._stop.wait(max(0.0, deadline - time.monotonic()))
+        if self._stop.is_set() and self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def _row_dict(cur: Any, row: Any) -> dict[str, Any]:

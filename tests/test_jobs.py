@@ -1,0 +1,343 @@
+"""The job queue's behaviour, run against every backend (a temp SQLite file and Postgres)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from justonce import App, Enqueue, InvalidTransition, JobNotFound, JobState, KeyConflict
+from justonce.models import Completion, Failure
+from justonce.worker import Maintenance
+
+OWNER = "test-owner"
+
+
+def make_tasks(app: App) -> None:
+    @app.task(name="add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @app.task(name="noop", queue="other")
+    def noop() -> None:
+        return None
+
+
+@pytest.fixture
+def tapp(app: App) -> App:
+    make_tasks(app)
+    return app
+
+
+def claim(app: App, queue: str = "default", limit: int = 10, lease: float = 30.0):
+    return app.backend.job_claim(queue, limit, OWNER, lease)
+
+
+def test_enqueue_returns_a_ready_job_that_can_be_looked_up(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2])
+    assert job.state is JobState.READY and job.attempts == 0 and job.queue == "default"
+    again = tapp.get_job(job.id)
+    assert again.args == [1, 2] and again.kwargs == {} and again.task == "add"
+    assert [j.id for j in tapp.list_jobs(state="ready")] == [job.id]
+
+
+def test_unknown_job_id_raises_job_not_found(tapp: App) -> None:
+    with pytest.raises(JobNotFound):
+        tapp.get_job(123456)
+
+
+def test_delayed_job_is_scheduled_then_promoted_by_housekeeping(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 1], delay=0.3)
+    assert job.state is JobState.SCHEDULED
+    maint = Maintenance(tapp.backend, OWNER)
+    assert maint.run_once(force=True).promoted == 0
+    assert claim(tapp) == []
+    time.sleep(0.4)
+    assert maint.run_once(force=True).promoted == 1
+    assert [c.id for c in claim(tapp)] == [job.id]
+
+
+def test_run_at_in_the_past_is_ready_at_once(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 1], run_at=datetime.now(UTC) - timedelta(hours=1))
+    assert job.state is JobState.READY
+
+
+def test_claim_respects_priority_then_enqueue_order(tapp: App) -> None:
+    low = tapp.enqueue("add", [0, 0], priority=5)
+    first = tapp.enqueue("add", [0, 1])
+    second = tapp.enqueue("add", [0, 2])
+    urgent = tapp.enqueue("add", [0, 3], priority=-5)
+    assert [c.id for c in claim(tapp)] == [urgent.id, first.id, second.id, low.id]
+
+
+def test_claim_only_takes_its_own_queue(tapp: App) -> None:
+    tapp.enqueue("noop")
+    assert claim(tapp, "default") == []
+    assert len(claim(tapp, "other")) == 1
+
+
+def test_key_returns_the_live_job_instead_of_a_duplicate(tapp: App) -> None:
+    a = tapp.enqueue("add", [1, 2], key="order-7")
+    b = tapp.enqueue("add", [9, 9], key="order-7")
+    assert b.duplicate and b.id == a.id and b.args == [1, 2]
+    assert not a.duplicate
+    # Once the job is finished the key is free again.
+    (c,) = claim(tapp)
+    assert tapp.backend.job_complete_many([Completion(c.id, c.lease_token, "3")]) == {c.id}
+    fresh = tapp.enqueue("add", [1, 2], key="order-7")
+    assert fresh.id != a.id and not fresh.duplicate
+
+
+def test_concurrent_enqueues_of_one_key_from_many_threads_create_one_job(db_url: str) -> None:
+    apps = [App(db_url) for _ in range(8)]
+    apps[0].migrate()
+    for a in apps:
+        make_tasks(a)
+    barrier = threading.Barrier(len(apps))
+
+    def hammer(a: App) -> set[int]:
+        barrier.wait()
+        return {a.enqueue("add", [1, 1], key="same").id for _ in range(25)}
+
+    for _ in range(3):
+        with ThreadPoolExecutor(len(apps)) as pool:
+            ids = set().union(*pool.map(hammer, apps))
+        assert len(ids) == 1
+        live = [j for j in apps[0].list_jobs(limit=1000) if j.state.is_live]
+        assert len(live) == 1
+        apps[0].cancel(ids.pop())  # frees the key for the next round
+    for a in apps:
+        a.close()
+
+
+def test_bulk_enqueue_returns_ids_in_input_order_and_respects_keys(tapp: App) -> None:
+    existing = tapp.enqueue("add", [0, 0], key="k-3")
+    reqs = [Enqueue("add", args=(i, i), key=f"k-{i}" if i % 3 == 0 else None) for i in range(3000)]
+    reqs.append(Enqueue("add", args=(1, 1), key="k-0"))  # a duplicate within the batch
+    ids = tapp.enqueue_many(reqs)
+    assert len(ids) == 3001
+    assert ids[3] == existing.id
+    assert ids[-1] == ids[0]
+    for i in (1, 2, 4, 1000, 2999):
+        assert tapp.get_job(ids[i]).args == [i, i]
+    total = sum(c.count for c in tapp.queue_counts())
+    assert total == 3000  # 2999 new + the existing one
+
+
+def test_bulk_enqueue_of_thousands_is_one_atomic_call(tapp: App) -> None:
+    reqs = [Enqueue("add", args=(i, 1)) for i in range(5000)]
+    reqs.append(Enqueue("add", args=(1, 1), queue="bad queue!"))
+    with pytest.raises(Exception):  # noqa: B017 - validation fails before any write
+        tapp.enqueue_many(reqs)
+    assert tapp.queue_counts() == []
+    assert len(tapp.enqueue_many(reqs[:-1])) == 5000
+
+
+def _own_connection(db_url: str):
+    if db_url.startswith("sqlite"):
+        from justonce.backends.sqlite.backend import parse_sqlite_url
+
+        return sqlite3.connect(parse_sqlite_url(db_url)[0])
+    import psycopg
+
+    from justonce.backends.postgres.backend import parse_postgres_url
+
+    conninfo, schema, _ = parse_postgres_url(db_url)
+    return psycopg.connect(conninfo, options=f"-c search_path={schema}")
+
+
+def test_transactional_enqueue_rolled_back_leaves_no_job(tapp: App, db_url: str) -> None:
+    conn = _own_connection(db_url)
+    conn.execute("CREATE TABLE orders (id integer primary key)")
+    conn.commit()
+    conn.execute("INSERT INTO orders VALUES (1)")
+    job = tapp.enqueue("add", [1, 2], conn=conn)
+    conn.rollback()
+    conn.close()
+    with pytest.raises(JobNotFound):
+        tapp.get_job(job.id)
+    assert tapp.queue_counts() == []
+
+
+def test_transactional_enqueue_committed_leaves_exactly_one_job(tapp: App, db_url: str) -> None:
+    conn = _own_connection(db_url)
+    conn.execute("CREATE TABLE orders (id integer primary key)")
+    conn.execute("INSERT INTO orders VALUES (1)")
+    job = tapp.enqueue("add", [1, 2], conn=conn)
+    ids = tapp.enqueue_many([Enqueue("add", args=(i, i)) for i in range(10)], conn=conn)
+    conn.commit()
+    conn.close()
+    assert tapp.get_job(job.id).state is JobState.READY
+    assert len(ids) == 10
+    assert sum(c.count for c in tapp.queue_counts()) == 11
+
+
+def test_completion_with_a_stale_lease_token_is_rejected(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2])
+    (c,) = claim(tapp)
+    assert tapp.backend.job_complete_many([Completion(c.id, c.lease_token + 1, None)]) == set()
+    assert tapp.backend.job_fail(Failure(c.id, c.lease_token - 1, "x", 1.0)) is None
+    assert tapp.backend.job_heartbeat([(c.id, c.lease_token + 7)], 30) == set()
+    assert tapp.get_job(job.id).state is JobState.RUNNING
+    assert tapp.backend.job_complete_many([Completion(c.id, c.lease_token, "3")]) == {c.id}
+    done = tapp.get_job(job.id)
+    assert done.state is JobState.SUCCEEDED and done.result == 3
+
+
+def test_late_completion_from_expired_lease_is_rejected(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2])
+    (zombie,) = claim(tapp, lease=0.2)
+    time.sleep(0.4)
+    report = Maintenance(tapp.backend, OWNER).run_once(force=True)
+    assert report.rescued == 1
+    (second,) = claim(tapp)
+    assert second.id == job.id and second.attempts == 2
+    assert second.lease_token > zombie.lease_token
+    # The zombie wakes up: every write it tries is refused.
+    assert tapp.backend.job_heartbeat([(zombie.id, zombie.lease_token)], 30) == set()
+    assert tapp.backend.job_complete_many([Completion(zombie.id, zombie.lease_token, "1")]) == set()
+    assert tapp.backend.job_complete_many([Completion(second.id, second.lease_token, "3")]) == {job.id}
+    final = tapp.get_job(job.id)
+    assert final.state is JobState.SUCCEEDED and final.result == 3
+    assert [e["kind"] for e in final.errors] == ["lease_expired"]
+
+
+def test_heartbeat_keeps_a_lease_alive(tapp: App) -> None:
+    tapp.enqueue("add", [1, 2])
+    (c,) = claim(tapp, lease=0.5)
+    for _ in range(4):
+        time.sleep(0.2)
+        assert tapp.backend.job_heartbeat([(c.id, c.lease_token)], 0.5) == {c.id}
+    assert Maintenance(tapp.backend, OWNER).run_once(force=True).rescued == 0
+
+
+def test_lease_expiry_of_the_last_attempt_makes_the_job_dead(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2], max_attempts=1)
+    claim(tapp, lease=0.1)
+    time.sleep(0.3)
+    report = Maintenance(tapp.backend, OWNER).run_once(force=True)
+    assert (report.rescued, report.dead) == (0, 1)
+    assert tapp.get_job(job.id).state is JobState.DEAD
+
+
+def test_failure_schedules_a_retry_then_dead_when_attempts_are_spent(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2], max_attempts=2)
+    (c,) = claim(tapp)
+    assert tapp.backend.job_fail(Failure(c.id, c.lease_token, "boom", 60.0)) is JobState.SCHEDULED
+    after = tapp.get_job(job.id)
+    assert after.run_at > after.created_at + timedelta(seconds=50)
+    assert after.last_error == "boom"
+    assert tapp.backend.job_fail(Failure(c.id, c.lease_token, "again", 1.0)) is None  # not running
+    job2 = tapp.enqueue("add", [5, 5], max_attempts=2)
+    (c1,) = claim(tapp)
+    assert c1.id == job2.id
+    assert tapp.backend.job_fail(Failure(c1.id, c1.lease_token, "e1", 0.0)) is JobState.READY
+    (c2,) = claim(tapp)
+    assert c2.attempts == 2
+    assert tapp.backend.job_fail(Failure(c2.id, c2.lease_token, "e2", 0.0)) is JobState.DEAD
+    dead = tapp.get_job(job2.id)
+    assert dead.state is JobState.DEAD and [e["error"] for e in dead.errors] == ["e1", "e2"]
+    assert dead.finished_at is not None
+
+
+def test_dead_job_can_be_retried_by_hand(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2], max_attempts=1)
+    (c,) = claim(tapp)
+    tapp.backend.job_fail(Failure(c.id, c.lease_token, "boom", None))
+    revived = tapp.retry(job.id)
+    assert revived.state is JobState.READY and revived.attempts == 0
+    assert revived.errors and revived.errors[0]["error"] == "boom"  # history is kept
+    with pytest.raises(InvalidTransition):
+        tapp.retry(job.id)  # ready jobs are not retried
+
+
+def test_retry_refuses_when_another_live_job_holds_the_key(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2], key="k")
+    tapp.cancel(job.id)
+    tapp.enqueue("add", [1, 2], key="k")
+    with pytest.raises(KeyConflict):
+        tapp.retry(job.id)
+
+
+def test_cancel_live_jobs_and_refuse_finished_ones(tapp: App) -> None:
+    ready = tapp.enqueue("add", [1, 2])
+    running = tapp.enqueue("add", [3, 4])
+    assert tapp.cancel(ready.id).state is JobState.CANCELLED
+    (c,) = claim(tapp)
+    assert c.id == running.id
+    tapp.cancel(running.id)
+    # The worker that was running it is fenced out.
+    assert tapp.backend.job_complete_many([Completion(c.id, c.lease_token, None)]) == set()
+    with pytest.raises(InvalidTransition):
+        tapp.cancel(ready.id)
+    with pytest.raises(JobNotFound):
+        tapp.cancel(999999)
+
+
+def test_release_gives_unstarted_jobs_back_without_counting_the_attempt(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2])
+    (c,) = claim(tapp)
+    assert tapp.backend.job_release([(c.id, c.lease_token)], refund=True) == {c.id}
+    back = tapp.get_job(job.id)
+    assert back.state is JobState.READY and back.attempts == 0
+
+
+def test_concurrent_claims_never_hand_out_one_job_twice(db_url: str) -> None:
+    a0 = App(db_url)
+    a0.migrate()
+    make_tasks(a0)
+    n = 2000
+    a0.enqueue_many([Enqueue("add", args=(i, 0)) for i in range(n)])
+    apps = [App(db_url) for _ in range(6)]
+
+    def drain(a: App) -> list[int]:
+        got = []
+        while True:
+            jobs = a.backend.job_claim("default", 7, "t", 30)
+            if not jobs:
+                return got
+            got.extend(j.id for j in jobs)
+
+    with ThreadPoolExecutor(len(apps)) as pool:
+        claimed = [i for part in pool.map(drain, apps) for i in part]
+    assert len(claimed) == n and len(set(claimed)) == n
+    for a in [a0, *apps]:
+        a.close()
+
+
+def test_only_one_caller_wins_a_maintenance_round(db_url: str) -> None:
+    apps = [App(db_url) for _ in range(6)]
+    apps[0].migrate()
+    barrier = threading.Barrier(len(apps))
+
+    def attempt(a: App) -> bool:
+        barrier.wait()
+        return a.backend.maintenance_try("rescue", 30.0, "me")
+
+    with ThreadPoolExecutor(len(apps)) as pool:
+        wins = list(pool.map(attempt, apps))
+    assert wins.count(True) == 1
+    for a in apps:
+        a.close()
+
+
+def test_prune_removes_finished_jobs_past_retention(tapp: App) -> None:
+    keep = tapp.enqueue("add", [1, 2])
+    gone = tapp.enqueue("add", [3, 4], queue="q2")
+    (c,) = claim(tapp, "q2")
+    tapp.backend.job_complete_many([Completion(c.id, c.lease_token, None)])
+    time.sleep(0.05)
+    assert tapp.backend.jobs_prune(keep_succeeded=0.0, keep_dead=0.0) == 1
+    assert tapp.get_job(keep.id).state is JobState.READY
+    with pytest.raises(JobNotFound):
+        tapp.get_job(gone.id)
+
+
+def test_database_clock_is_used_for_times(tapp: App) -> None:
+    db_now = tapp.backend.now()
+    job = tapp.enqueue("add", [1, 2], delay=3600)
+    assert abs((job.run_at - db_now).total_seconds() - 3600) < 5

@@ -1,0 +1,214 @@
+"""The worker run in-process (threads), against every backend. Process-level behaviour
+(kill -9, SIGSTOP, SIGTERM) is in test_processes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from justonce import App, Backoff, Enqueue, JobState, NonRetryable, ValidationError, Worker
+
+
+@pytest.fixture
+def worker_factory(app: App):
+    started: list[Worker] = []
+
+    def start(**options) -> Worker:
+        opts = {"concurrency": 2, "lease": 3.0, "heartbeat": 0.5, "poll": 0.2,
+                "housekeeping_interval": 0.1, "grace": 5.0, **options}
+        w = Worker(app, **opts).start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+        assert w.join(15)
+
+
+def test_sync_and_async_tasks_run_and_store_their_results(app: App, worker_factory) -> None:
+    @app.task(name="mul")
+    def mul(a: int, b: int) -> int:
+        return a * b
+
+    @app.task(name="amul")
+    async def amul(a: int, b: int = 2) -> dict:
+        await asyncio.sleep(0.01)
+        return {"product": a * b}
+
+    j1 = mul.enqueue(6, 7)
+    j2 = amul.configure(priority=-1).enqueue(5, b=3)
+    worker_factory()
+    assert app.wait(j1.id, 10).result == 42
+    done = app.wait(j2.id, 10)
+    assert done.state is JobState.SUCCEEDED and done.result == {"product": 15}
+
+
+def test_a_job_that_raises_is_retried_with_growing_delays_then_dead(app: App, worker_factory) -> None:
+    @app.task(name="flaky", max_attempts=4, backoff=Backoff(base=0.1, factor=2, jitter=0.25))
+    def flaky() -> None:
+        raise RuntimeError("always broken")
+
+    job = flaky.enqueue()
+    worker_factory()
+    final = app.wait(job.id, 20)
+    assert final.state is JobState.DEAD and final.attempts == 4
+    assert len(final.errors) == 4 and "always broken" in final.last_error
+    stamps = [e["at"] for e in final.errors]
+    gaps = [(_t(b) - _t(a)) for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert gaps[0] < gaps[1] < gaps[2], gaps
+
+
+def _t(value) -> float:
+    from datetime import datetime
+
+    text = str(value).replace("Z", "+00:00")
+    return datetime.fromisoformat(text).timestamp()
+
+
+def test_unknown_task_goes_dead_with_the_reason(app: App, worker_factory) -> None:
+    client = App(app.database_url, strict=False)
+    job = client.enqueue("nobody.knows.me", [1])
+    worker_factory()
+    final = app.wait(job.id, 10)
+    assert final.state is JobState.DEAD and "unknown task" in final.last_error
+    assert final.attempts == 1
+    client.close()
+
+
+def test_arguments_that_do_not_fit_the_signature_go_dead(app: App, worker_factory) -> None:
+    @app.task(name="two")
+    def two(a: int, b: int) -> int:
+        return a + b
+
+    client = App(app.database_url, strict=False)
+    job = client.enqueue("two", [1, 2, 3])
+    worker_factory()
+    final = app.wait(job.id, 10)
+    assert final.state is JobState.DEAD and "arguments do not match" in final.last_error
+    client.close()
+
+
+def test_non_retryable_error_goes_dead_at_once(app: App, worker_factory) -> None:
+    @app.task(name="refuse", max_attempts=10)
+    def refuse() -> None:
+        raise NonRetryable("card declined")
+
+    job = refuse.enqueue()
+    worker_factory()
+    final = app.wait(job.id, 10)
+    assert final.state is JobState.DEAD and final.attempts == 1
+
+
+def test_unserialisable_result_is_dropped_with_a_note_not_a_failure(app: App, worker_factory) -> None:
+    @app.task(name="odd")
+    def odd() -> object:
+        return object()
+
+    job = odd.enqueue()
+    worker_factory()
+    final = app.wait(job.id, 10)
+    assert final.state is JobState.SUCCEEDED and final.result is None
+    assert "not JSON-serialisable" in final.last_error
+
+
+def test_async_task_past_its_timeout_is_failed_and_retried(app: App, worker_factory) -> None:
+    @app.task(name="slow_async", timeout=0.3, max_attempts=2, backoff=lambda n: 0.0)
+    async def slow_async() -> None:
+        await asyncio.sleep(10)
+
+    job = slow_async.enqueue()
+    worker_factory()
+    final = app.wait(job.id, 15)
+    assert final.state is JobState.DEAD and final.attempts == 2
+    assert all(e["kind"] == "timeout" for e in final.errors)
+
+
+def test_sync_task_past_its_timeout_is_failed_and_the_worker_keeps_serving(app: App, worker_factory) -> None:
+    release = threading.Event()
+
+    @app.task(name="stuck", timeout=0.3, max_attempts=1)
+    def stuck() -> None:
+        release.wait(20)
+
+    @app.task(name="quick")
+    def quick() -> str:
+        return "ok"
+
+    job = stuck.enqueue()
+    worker_factory(concurrency=1)
+    final = app.wait(job.id, 10)
+    assert final.state is JobState.DEAD and final.errors[0]["kind"] == "timeout"
+    # The only slot is stuck in the task; a replacement slot serves the next job.
+    assert app.wait(quick.enqueue().id, 10).result == "ok"
+    release.set()
+
+
+def test_worker_drains_many_jobs_exactly_once(app: App, worker_factory) -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    @app.task(name="collect")
+    def collect(i: int) -> None:
+        with lock:
+            seen.append(i)
+
+    app.enqueue_many([Enqueue("collect", args=(i,)) for i in range(3000)])
+    worker_factory(concurrency=4)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        counts = {c.state: c.count for c in app.queue_counts()}
+        if counts.get(JobState.SUCCEEDED) == 3000:
+            break
+        time.sleep(0.1)
+    assert sorted(seen) == list(range(3000))
+
+
+def test_graceful_stop_finishes_running_jobs_and_releases_the_rest(app: App) -> None:
+    started = threading.Event()
+
+    @app.task(name="sleepy")
+    def sleepy() -> str:
+        started.set()
+        time.sleep(0.5)
+        return "done"
+
+    first = sleepy.enqueue()
+    rest = [sleepy.enqueue() for _ in range(5)]
+    w = Worker(app, concurrency=1, lease=5, poll=0.1, prefetch=10, grace=5).start()
+    assert started.wait(10)
+    w.stop()
+    assert w.join(10)
+    assert app.get_job(first.id).state is JobState.SUCCEEDED
+    states = {app.get_job(j.id).state for j in rest}
+    assert JobState.RUNNING not in states
+
+
+def test_grace_period_over_releases_the_running_job(app: App) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    @app.task(name="long")
+    def long() -> None:
+        started.set()
+        release.wait(30)
+
+    job = long.enqueue()
+    w = Worker(app, concurrency=1, lease=5, poll=0.1, grace=0.2).start()
+    assert started.wait(10)
+    w.stop()
+    assert w.join(10)
+    after = app.get_job(job.id)
+    assert after.state is JobState.READY and after.attempts == 1
+    release.set()
+
+
+def test_worker_rejects_bad_options(app: App) -> None:
+    for bad in ({"concurrency": 0}, {"concurrency": "4"}, {"lease": -1}, {"lease": 1, "heartbeat": 2},
+                {"queues": []}, {"queues": "default"}, {"queues": ["bad name"]}, {"prefetch": 0},
+                {"grace": -1}, {"poll": 0}):
+        with pytest.raises(ValidationError):
+            Worker(app, **bad)
