@@ -127,7 +127,9 @@ class App:
             raise InvalidOption("give delay or run_at, not both")
         return NewJob(
             task=name,
-            queue=validate.queue_name(req.queue or (t.queue if t else DEFAULT_QUEUE)),
+            queue=validate.queue_name(
+                req.queue if req.queue is not None else (t.queue if t else DEFAULT_QUEUE)
+            ),
             args_json=args_json, kwargs_json=kwargs_json,
             priority=validate.priority(req.priority if req.priority is not None else (t.priority if t else 0)),
             max_attempts=validate.attempts(
@@ -158,7 +160,7 @@ class App:
         transaction and exists only if you commit it.
         """
         new = self.build(Enqueue(
-            task, args=tuple(args), kwargs=kwargs, delay=delay, run_at=run_at,
+            task, args=args, kwargs=kwargs, delay=delay, run_at=run_at,  # type: ignore[arg-type]
             priority=priority, queue=queue, key=key, partition_key=partition_key,
             max_attempts=max_attempts, timeout=timeout,
         ))

@@ -84,14 +84,16 @@ class SQLiteBackend:
         self.path = path
         sync = options.pop("synchronous", "FULL").upper()
         if sync not in SYNCHRONOUS:
-            raise ConfigurationError(f"synchronous={sync!r}: use one of {sorted(SYNCHRONOUS)}")
+            raise ConfigurationError(
+                f"synchronous={sync!r} in SQLite URL {url!r}: use one of {sorted(SYNCHRONOUS)}"
+            )
         self.synchronous = sync
         try:
             self.busy_timeout = float(options.pop("busy_timeout", "30000")) / 1000.0
         except ValueError:
             raise ConfigurationError(f"busy_timeout in {url!r} must be milliseconds") from None
         if options:
-            raise ConfigurationError(f"unknown SQLite URL options: {sorted(options)}")
+            raise ConfigurationError(f"unknown SQLite URL options {sorted(options)} in {url!r}")
         parent = Path(path).expanduser().resolve().parent
         if not parent.is_dir():
             raise ConfigurationError(f"SQLite database folder {str(parent)!r} does not exist")

@@ -1,0 +1,108 @@
+"""The command line: every command works, and bad input gets one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from justonce import App, JobState
+from justonce.cli import cli
+
+COMMANDS = [[], ["migrate"], ["worker"], ["enqueue"], ["status"], ["jobs"], ["jobs", "list"],
+            ["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["demo"], ["demo", "jobs"]]
+
+
+def run(*args: str, ok: bool = True):
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=[" ".join(c) or "justonce" for c in COMMANDS])
+def test_every_command_has_help(cmd: list[str]) -> None:
+    result = run(*cmd, "--help")
+    assert "Usage:" in result.output
+    if cmd and cmd != ["jobs"] and cmd != ["demo"]:
+        assert "--database-url" in result.output
+
+
+def test_migrate_enqueue_status_and_jobs_commands(db_url: str) -> None:
+    url = ["--database-url", db_url]
+    assert "applied" in run("migrate", *url).output
+    assert "up to date" in run("migrate", *url).output
+    out = run("enqueue", "mail.send", "--args", '["a@example.com"]', "--kwargs", '{"n": 1}',
+              "--queue", "mail", "--priority", "3", *url).output
+    job_id = int(out.split()[1])
+    dup = run("enqueue", "mail.send", "--key", "k1", *url).output
+    dup2 = run("enqueue", "mail.send", "--key", "k1", *url).output
+    assert "existing job" in dup2 and dup.split()[1] == dup2.split()[1]
+    status = run("status", *url).output
+    assert "mail" in status and "ready" in status
+    listing = run("jobs", "list", "--state", "ready", *url).output
+    assert "mail.send" in listing
+    shown = run("jobs", "show", str(job_id), *url).output
+    assert "a@example.com" in shown and "mail" in shown
+    assert "cancelled" in run("jobs", "cancel", str(job_id), *url).output
+    assert "ready" in run("jobs", "retry", str(job_id), *url).output
+    app = App(db_url, strict=False)
+    job = app.get_job(job_id)
+    assert job.state is JobState.READY and job.kwargs == {"n": 1} and job.priority == 3
+    app.close()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["enqueue", "t", "--args", "{not json"], "not JSON"),
+    (["enqueue", "t", "--args", '{"a": 1}'], "JSON array"),
+    (["enqueue", "t", "--kwargs", "[1]"], "JSON object"),
+    (["enqueue", "t", "--queue", "bad queue"], "bad queue name"),
+    (["enqueue", "t", "--delay", "-5"], "delay must be >= 0"),
+    (["enqueue", "t", "--app", "no_such_module:app"], "cannot import"),
+    (["enqueue", "t", "--app", "nocolon"], "package.module:app"),
+    (["enqueue", "t", "--app", "json:dumps"], "not a justonce.App"),
+    (["jobs", "show", "999999"], "no job 999999"),
+    (["jobs", "show", "0"], "0"),
+    (["jobs", "show", "abc"], "abc"),
+    (["jobs", "retry", "1"], "no job"),
+    (["jobs", "list", "--state", "sleeping"], "sleeping"),
+    (["worker", "--app", "json:dumps"], "not a justonce.App"),
+    (["worker", "--app", "x:y", "--concurrency", "0"], "concurrency"),
+])
+def test_bad_input_gets_one_line_and_a_non_zero_exit(db_url: str, args, needle) -> None:
+    run("migrate", "--database-url", db_url)
+    result = run(*args, "--database-url", db_url, ok=False)
+    assert result.exit_code != 0
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("url", ["nonsense", "mysql://x/y", "sqlite:////no/such/dir/x.db"])
+def test_bad_database_url_is_one_line(url: str) -> None:
+    result = run("status", "--database-url", url, ok=False)
+    assert result.exit_code == 1
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ConfigurationError")
+
+
+def test_database_that_is_down_is_one_line_from_a_real_process() -> None:
+    from pgcluster import free_port
+
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
+    proc = subprocess.run([sys.executable, "-m", "justonce", "status", "--database-url", url],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "DatabaseUnavailable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_jobs_runs_worker_processes_and_reports_no_duplicates(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "justonce", "demo", "jobs", "--jobs", "2000", "--workers", "2",
+         "--database-url", f"sqlite:///{tmp_path / 'demo.db'}"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "nothing lost, nothing completed twice" in proc.stdout

@@ -1,0 +1,24 @@
+"""The public names are a contract: adding or removing one is a decision, not an accident."""
+
+import justonce
+
+EXPECTED = {
+    "MAX_PAYLOAD_BYTES", "MAX_RESULT_BYTES", "App", "Backoff", "ConfigurationError",
+    "DatabaseUnavailable", "Enqueue", "InvalidArguments", "InvalidName", "InvalidOption",
+    "InvalidTransition", "Job", "JobNotFound", "JobState", "JustonceError", "KeyConflict",
+    "NonRetryable", "PayloadTooLarge", "SchemaError", "Task", "UnknownTask", "ValidationError",
+    "Worker", "__version__",
+}
+
+
+def test_public_names_are_exactly_the_documented_ones() -> None:
+    assert set(justonce.__all__) == EXPECTED
+    for name in justonce.__all__:
+        assert hasattr(justonce, name)
+
+
+def test_every_error_is_a_justonce_error() -> None:
+    for name in justonce.__all__:
+        obj = getattr(justonce, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, justonce.JustonceError), name

@@ -1,0 +1,164 @@
+"""Bad input on purpose: every public entry answers with a clear error and writes nothing."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timedelta
+
+import pytest
+
+from justonce import (
+    MAX_PAYLOAD_BYTES,
+    App,
+    ConfigurationError,
+    DatabaseUnavailable,
+    Enqueue,
+    InvalidArguments,
+    InvalidName,
+    InvalidOption,
+    PayloadTooLarge,
+    SchemaError,
+    UnknownTask,
+    ValidationError,
+)
+
+
+@pytest.fixture
+def vapp(app: App) -> App:
+    @app.task(name="t")
+    def t(*args, **kwargs) -> None:
+        return None
+
+    return app
+
+
+def assert_nothing_written(app: App) -> None:
+    assert app.queue_counts() == []
+
+
+BAD_CALLS = [
+    ("unknown task", dict(task="nope"), UnknownTask),
+    ("task name with spaces", dict(task="no such task"), InvalidName),
+    ("args not JSON", dict(args=[object()]), InvalidArguments),
+    ("args with NaN", dict(args=[math.nan]), InvalidArguments),
+    ("args with a set", dict(args=[{1, 2}]), InvalidArguments),
+    ("args as a string", dict(args="abc"), InvalidArguments),
+    ("args as a dict", dict(args={"a": 1}), InvalidArguments),
+    ("kwargs not a dict", dict(kwargs=[1]), InvalidArguments),
+    ("kwargs with int keys", dict(kwargs={1: 2}), InvalidArguments),
+    ("oversize payload", dict(args=["x" * (MAX_PAYLOAD_BYTES + 1)]), PayloadTooLarge),
+    ("empty queue", dict(queue=""), InvalidName),
+    ("queue with spaces", dict(queue="my queue"), InvalidName),
+    ("absurdly long queue", dict(queue="q" * 64), InvalidName),
+    ("queue with SQL", dict(queue="x'; DROP TABLE justonce_jobs; --"), InvalidName),
+    ("queue not a string", dict(queue=7), InvalidName),
+    ("negative delay", dict(delay=-1), InvalidOption),
+    ("negative timedelta", dict(delay=timedelta(seconds=-5)), InvalidOption),
+    ("NaN delay", dict(delay=math.nan), InvalidOption),
+    ("delay of a century", dict(delay=100 * 365 * 86400), InvalidOption),
+    ("delay as text", dict(delay="5"), InvalidOption),
+    ("delay and run_at", dict(delay=1, run_at=datetime.now().astimezone()), InvalidOption),
+    ("naive run_at", dict(run_at=datetime.now()), InvalidOption),
+    ("run_at not a datetime", dict(run_at="tomorrow"), InvalidOption),
+    ("priority out of range", dict(priority=10**6), InvalidOption),
+    ("priority as bool", dict(priority=True), InvalidOption),
+    ("zero attempts", dict(max_attempts=0), InvalidOption),
+    ("zero timeout", dict(timeout=0), InvalidOption),
+    ("empty key", dict(key=""), InvalidName),
+    ("huge key", dict(key="k" * 10_000), InvalidName),
+]
+
+
+@pytest.mark.parametrize(("what", "call", "error"), BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_enqueue_gets_a_clear_error_and_writes_nothing(vapp: App, what, call, error) -> None:
+    call = dict(call)
+    task = call.pop("task", "t")
+    with pytest.raises(error) as info:
+        vapp.enqueue(task, **call)
+    assert isinstance(info.value, ValidationError)
+    assert str(info.value)  # a message a person can read
+    assert_nothing_written(vapp)
+
+
+def test_one_bad_job_in_a_bulk_enqueue_writes_none(vapp: App) -> None:
+    reqs = [Enqueue("t", args=(i,)) for i in range(100)] + [Enqueue("t", args=(object(),))]
+    with pytest.raises(InvalidArguments):
+        vapp.enqueue_many(reqs)
+    assert_nothing_written(vapp)
+
+
+def test_payload_exactly_at_the_limit_is_accepted(vapp: App) -> None:
+    # '["' + x*n + '"]' and '{}' add 6 bytes of JSON around the string.
+    job = vapp.enqueue("t", ["x" * (MAX_PAYLOAD_BYTES - 6)])
+    assert job.id > 0
+
+
+def test_registering_a_task_twice_or_with_bad_options_fails(app: App) -> None:
+    @app.task(name="dup")
+    def one() -> None: ...
+
+    with pytest.raises(InvalidOption):
+        app.task(name="dup")(lambda: None)
+    with pytest.raises(InvalidName):
+        app.task(name="bad name")(lambda: None)
+    with pytest.raises(InvalidName):
+        app.task(name="ok", queue="")(lambda: None)
+    with pytest.raises(InvalidOption):
+        app.task(name="ok2", max_attempts=0)(lambda: None)
+    with pytest.raises(InvalidOption):
+        app.task(name="ok3", timeout=-1)(lambda: None)
+    with pytest.raises(InvalidOption):
+        app.task(name="ok4", backoff="fast")(lambda: None)  # type: ignore[arg-type]
+
+
+def test_bad_job_ids_are_refused(vapp: App) -> None:
+    for bad in (0, -1, "7", 1.5, None, True):
+        with pytest.raises(InvalidOption):
+            vapp.get_job(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url", [
+    "nonsense", "mysql://root@localhost/db", "sqlite://relative.db", "sqlite:///:memory:",
+    "sqlite:///", "sqlite:////no/such/folder/jobs.db", "sqlite:///x.db?synchronous=SOMETIMES",
+    "sqlite:///x.db?busy_timeout=soon", "sqlite:///x.db?colour=blue",
+    "postgresql://localhost:notaport/db", "postgresql://", "postgresql://h/db?schema=Bad-Name",
+])
+def test_malformed_database_urls_get_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        App(url).backend  # noqa: B018
+    message = str(info.value).lower()
+    assert any(word in message for word in ("url", "sqlite", "postgresql", "schema"))
+
+
+def test_a_database_that_is_down_is_reported_quickly() -> None:
+    pytest.importorskip("psycopg")
+    from pgcluster import free_port
+
+    app = App(f"postgresql://postgres@127.0.0.1:{free_port()}/test", strict=False)
+    t0 = time.monotonic()
+    with pytest.raises(DatabaseUnavailable):
+        app.enqueue("anything", [])
+    assert time.monotonic() - t0 < 15
+    app.close()
+
+
+def test_postgres_without_migration_says_run_migrate(pg_server_url: str) -> None:
+    import uuid
+
+    from conftest import _drop_schema
+
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    app = App(f"{pg_server_url}?schema={schema}", strict=False)
+    with pytest.raises(SchemaError, match="justonce migrate"):
+        app.enqueue("x", [])
+    app.close()
+    _drop_schema(pg_server_url, schema)
+
+
+def test_embedded_sqlite_migrates_itself_on_first_use(tmp_path) -> None:
+    app = App(f"sqlite:///{tmp_path / 'fresh.db'}", strict=False)
+    job = app.enqueue("x", [1])
+    assert app.get_job(job.id).args == [1]
+    assert app.migrate() == []  # already there
+    app.close()
