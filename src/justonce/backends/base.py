@@ -108,7 +108,9 @@ class Backend(Protocol):
     def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
         """Delete finished jobs older than the retention (seconds). Returns how many."""
 
-    def waiter(self, queues: Sequence[str]) -> Waiter: ...
+    def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
+        """A waiter for idle workers. ``listen=False``: poll only (e.g. behind PgBouncer in
+        transaction mode, where LISTEN never fires)."""
 
     def now(self) -> datetime:
         """The database's clock."""

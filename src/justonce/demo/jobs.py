@@ -52,8 +52,9 @@ def _connect(url: str) -> Any:
     from ..backends.postgres.backend import parse_postgres_url
 
     conninfo, schema, _ = parse_postgres_url(url)
-    options = {"options": f"-c search_path={schema}"} if schema else {}
-    return psycopg.connect(conninfo, autocommit=True, **options)
+    if schema:
+        return psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}")
+    return psycopg.connect(conninfo, autocommit=True)
 
 
 def _ledger() -> Any:

@@ -51,7 +51,7 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     except ValueError:
         raise ConfigurationError(f"malformed port in PostgreSQL URL {url!r}") from None
     query = dict(parse_qsl(parts.query))
-    ours = {k: query.pop(k) for k in ("schema", "pool_size") if k in query}
+    ours: dict[str, str] = {k: query.pop(k) for k in ("schema", "pool_size") if k in query}
     schema = ours.pop("schema", None)
     if schema is not None and not _SCHEMA.match(schema):
         raise ConfigurationError(f"schema {schema!r} must match {_SCHEMA.pattern}")
@@ -140,7 +140,8 @@ class PostgresBackend:
             row = conn.execute("SELECT to_regclass('justonce_migrations') IS NOT NULL").fetchone()
             if not row or not row[0]:
                 return 0
-            return conn.execute("SELECT coalesce(max(version), 0) FROM justonce_migrations").fetchone()[0]
+            top = conn.execute("SELECT coalesce(max(version), 0) FROM justonce_migrations").fetchone()
+            return int(top[0]) if top else 0
 
     def migrate(self) -> list[str]:
         applied: list[str] = []
