@@ -341,3 +341,18 @@ def test_database_clock_is_used_for_times(tapp: App) -> None:
     db_now = tapp.backend.now()
     job = tapp.enqueue("add", [1, 2], delay=3600)
     assert abs((job.run_at - db_now).total_seconds() - 3600) < 5
+
+
+def test_complete_and_claim_records_the_batch_and_leases_the_next_in_one_call(tapp: App) -> None:
+    first, second = tapp.enqueue("add", [1, 1]), tapp.enqueue("add", [2, 2])
+    (c1,) = claim(tapp, limit=1)
+    zombie = Completion(c1.id, c1.lease_token + 1, None)
+    accepted, jobs = tapp.backend.job_complete_and_claim(
+        [Completion(c1.id, c1.lease_token, "2"), zombie], "default", 5, OWNER, 30.0
+    )
+    assert accepted == {first.id}
+    assert [j.id for j in jobs] == [second.id]
+    assert tapp.get_job(first.id).state is JobState.SUCCEEDED
+    assert tapp.get_job(second.id).state is JobState.RUNNING
+    accepted, jobs = tapp.backend.job_complete_and_claim([], "default", 5, OWNER, 30.0)
+    assert accepted == set() and jobs == []

@@ -47,6 +47,9 @@ BAD_CALLS = [
     ("args as a dict", dict(args={"a": 1}), InvalidArguments),
     ("kwargs not a dict", dict(kwargs=[1]), InvalidArguments),
     ("kwargs with int keys", dict(kwargs={1: 2}), InvalidArguments),
+    ("NUL in args", dict(args=["a\x00b"]), InvalidArguments),
+    ("NUL in kwargs", dict(kwargs={"k": "\x00"}), InvalidArguments),
+    ("NUL in key", dict(key="a\x00"), InvalidName),
     ("oversize payload", dict(args=["x" * (MAX_PAYLOAD_BYTES + 1)]), PayloadTooLarge),
     ("empty queue", dict(queue=""), InvalidName),
     ("queue with spaces", dict(queue="my queue"), InvalidName),
@@ -86,6 +89,11 @@ def test_one_bad_job_in_a_bulk_enqueue_writes_none(vapp: App) -> None:
     with pytest.raises(InvalidArguments):
         vapp.enqueue_many(reqs)
     assert_nothing_written(vapp)
+
+
+def test_escaped_backslash_u0000_text_is_not_mistaken_for_nul(vapp: App) -> None:
+    job = vapp.enqueue("t", ["a\\u0000b"])
+    assert vapp.get_job(job.id).args == ["a\\u0000b"]
 
 
 def test_payload_exactly_at_the_limit_is_accepted(vapp: App) -> None:

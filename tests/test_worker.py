@@ -57,9 +57,14 @@ def test_a_job_that_raises_is_retried_with_growing_delays_then_dead(app: App, wo
     final = app.wait(job.id, 20)
     assert final.state is JobState.DEAD and final.attempts == 4
     assert len(final.errors) == 4 and "always broken" in final.last_error
-    stamps = [e["at"] for e in final.errors]
-    gaps = [(_t(b) - _t(a)) for a, b in zip(stamps, stamps[1:], strict=False)]
-    assert gaps[0] < gaps[1] < gaps[2], gaps
+    delays = [e["retry_in"] for e in final.errors]
+    assert delays[-1] is None  # the last failure is final
+    assert delays[0] < delays[1] < delays[2], delays
+    stamps = [_t(e["at"]) for e in final.errors]
+    for waited, delay in zip(
+        [b - a for a, b in zip(stamps, stamps[1:], strict=False)], delays, strict=False
+    ):
+        assert waited >= delay * 0.95, (waited, delay)  # never retried before its time
 
 
 def _t(value) -> float:

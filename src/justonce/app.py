@@ -120,29 +120,25 @@ class App:
 
     # -- enqueue ------------------------------------------------------------------------
     def build(self, req: Enqueue) -> NewJob:
-        """Validate one request into the row to insert (no database access)."""
+        """Validate one request into the row to insert (no database access). A registered
+        task's defaults were validated when it was registered and are not checked again."""
         name, t = self._resolve(req.task)
         args_json, kwargs_json = validate.arguments(req.args, req.kwargs)
         if req.delay is not None and req.run_at is not None:
             raise InvalidOption("give delay or run_at, not both")
         return NewJob(
             task=name,
-            queue=validate.queue_name(
-                req.queue if req.queue is not None else (t.queue if t else DEFAULT_QUEUE)
-            ),
+            queue=_option(req.queue, t.queue if t else None, DEFAULT_QUEUE, validate.queue_name),
             args_json=args_json, kwargs_json=kwargs_json,
-            priority=validate.priority(req.priority if req.priority is not None else (t.priority if t else 0)),
-            max_attempts=validate.attempts(
-                req.max_attempts if req.max_attempts is not None
-                else (t.max_attempts if t else DEFAULT_MAX_ATTEMPTS)
-            ),
-            timeout=validate.timeout(
-                req.timeout if req.timeout is not None else (t.timeout if t else DEFAULT_TIMEOUT)
-            ),
+            priority=_option(req.priority, t.priority if t else None, 0, validate.priority),
+            max_attempts=_option(req.max_attempts, t.max_attempts if t else None, DEFAULT_MAX_ATTEMPTS,
+                                 validate.attempts),
+            timeout=_option(req.timeout, t.timeout if t else None, DEFAULT_TIMEOUT, validate.timeout),
             delay=validate.delay(req.delay) if req.delay is not None else 0.0,
             run_at=validate.run_at(req.run_at) if req.run_at is not None else None,
-            key=validate.optional_key(req.key),
-            partition_key=validate.optional_key(req.partition_key, "partition_key"),
+            key=validate.optional_key(req.key) if req.key is not None else None,
+            partition_key=(validate.optional_key(req.partition_key, "partition_key")
+                           if req.partition_key is not None else None),
         )
 
     def enqueue(
@@ -219,6 +215,16 @@ class App:
             if not job.state.is_live or time.monotonic() >= deadline:
                 return job
             time.sleep(poll)
+
+
+def _option(given: Any, task_default: Any, default: Any, check: Callable[[Any], Any]) -> Any:
+    """The caller's value (validated), else the task's (validated at registration), else
+    the library default."""
+    if given is not None:
+        return check(given)
+    if task_default is not None:
+        return task_default
+    return default
 
 
 def _job_id(value: Any) -> int:

@@ -52,16 +52,29 @@ def optional_key(value: Any, what: str = "key") -> str | None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
         raise InvalidName(f"bad {what} {value!r}: a non-empty string of at most {MAX_KEY_CHARS}")
     return value
 
 
+# One encoder for every call: json.dumps with options builds a new encoder each time, which
+# costs more than encoding a small argument list.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _dumps(value: Any, what: str) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidArguments(f"{what} are not JSON-serialisable: {exc}") from None
+
+
+# An escaped NUL: "\u0000" preceded by an even number of backslashes.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _has_nul(text: str) -> bool:
+    return "\\u0000" in text and _NUL.search(text) is not None
 
 
 def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
@@ -78,7 +91,10 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
     if bad:
         raise InvalidArguments(f"kwargs keys must be strings, got {bad[0]!r}")
     args_json = _dumps(list(args), "args")
-    kwargs_json = _dumps(kwargs, "kwargs")
+    kwargs_json = _dumps(kwargs, "kwargs") if kwargs else "{}"
+    if _has_nul(args_json) or _has_nul(kwargs_json):
+        raise InvalidArguments("arguments contain a NUL character (\\u0000), which the database "
+                               "cannot store")
     size = len(args_json.encode()) + len(kwargs_json.encode())
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
@@ -92,7 +108,7 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
     if value is None:
         return None, None
     try:
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         return None, f"result dropped: not JSON-serialisable ({exc})"
     if len(text) > MAX_RESULT_BYTES:

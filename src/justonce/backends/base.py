@@ -84,6 +84,12 @@ class Backend(Protocol):
         """Mark succeeded in one transaction; return the ids accepted. An id missing from
         the answer was rejected: its lease was lost (expired and re-offered, cancelled)."""
 
+    def job_complete_and_claim(
+        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """``job_complete_many`` and ``job_claim`` in one transaction (one commit instead
+        of two for a worker that finished a batch and wants the next)."""
+
     def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
         """Record a failed attempt: retry after ``retry_in`` s (scheduled, or ready when 0),
         or dead when attempts are exhausted or ``retry_in`` is None. None = rejected."""
@@ -121,9 +127,13 @@ class Backend(Protocol):
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)
 
 
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
+
+
 def load_queries(path: Path, macros: dict[str, str] | None = None) -> dict[str, str]:
     """Split a ``queries.sql`` file into its ``-- name: x`` blocks. ``macros`` replace
-    constant tokens (never user input)."""
+    constant tokens (never user input); ``{{other}}`` in a block includes the block named
+    ``other``, so a statement composed of two others does not repeat their text."""
     text = path.read_text()
     for token, expansion in (macros or {}).items():
         text = text.replace(token, expansion)
@@ -132,6 +142,8 @@ def load_queries(path: Path, macros: dict[str, str] | None = None) -> dict[str, 
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
         queries[name] = "\n".join(lines).strip()
+    for name, body in queries.items():
+        queries[name] = _INCLUDE.sub(lambda m: queries[m.group(1)], body)
     return queries
 
 

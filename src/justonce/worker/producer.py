@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..backends import Backend
-from ..models import ClaimedJob
+from ..models import ClaimedJob, Completion
 
 
 class Producer:
@@ -41,14 +41,25 @@ class Producer:
             extra = int(self.horizon / max(self._avg, 1e-6))
         return max(1, min(self.prefetch, free_slots + extra))
 
-    def claim(self, limit: int) -> list[ClaimedJob]:
+    def claim(
+        self, limit: int, done: Sequence[Completion] = ()
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        """Record ``done`` and claim up to ``limit`` jobs; the first queue's claim shares
+        the completions' transaction. Returns (accepted completion ids, claimed jobs)."""
         got: list[ClaimedJob] = []
+        accepted: set[int] = set()
         n = len(self.queues)
         start = self._next
         self._next = (self._next + 1) % n
         for i in range(n):
             queue = self.queues[(start + i) % n]
-            got.extend(self.backend.job_claim(queue, limit - len(got), self.owner, self.lease))
+            if i == 0:
+                accepted, jobs = self.backend.job_complete_and_claim(
+                    done, queue, limit, self.owner, self.lease
+                )
+            else:
+                jobs = self.backend.job_claim(queue, limit - len(got), self.owner, self.lease)
+            got.extend(jobs)
             if len(got) >= limit:
                 break
-        return got
+        return accepted, got

@@ -135,6 +135,9 @@ class Worker:
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self._ack_wake = threading.Event()
+        # Multi-row writes of this worker (ack flush, heartbeat, release) touch overlapping
+        # rows in different orders; run concurrently they deadlock in Postgres. One at a time.
+        self._batch_write = threading.Lock()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         self._grace_override: float | None = None
@@ -230,6 +233,12 @@ class Worker:
                         h.slot = slot
                         self._running += 1
                         return h
+                    if len(self._acks) >= self.ack_batch:
+                        # Back-pressure: while the database is not taking our completions,
+                        # claiming more would only pile up leases to renew.
+                        self._ack_wake.set()
+                        self._cond.wait(0.05)
+                        continue
                     if not self._fetching:
                         self._fetching = True
                         free = self.concurrency - self._running
@@ -246,12 +255,19 @@ class Worker:
                 self._cond.notify_all()
 
     def _fetch(self, free: int) -> list[ClaimedJob]:
+        """Claim the next batch; completions waiting to be written go in the same
+        transaction (one commit per batch instead of two)."""
+        done = self._take_acks()
         try:
-            jobs = self.producer.claim(self.producer.batch_size(free))
-        except JustonceError as exc:
-            log.warning("claim failed, retrying", extra={"event": "claim.error", "error": str(exc)})
+            with self._batch_write:
+                accepted, jobs = self.producer.claim(self.producer.batch_size(free), done)
+        except Exception as exc:  # the fetching slot must survive anything the DB throws
+            self._return_acks(done)
+            log.warning("claim failed, retrying", extra={"event": "claim.error", "error": str(exc)},
+                        exc_info=not isinstance(exc, JustonceError))
             self._stop_requested.wait(min(self.poll, 1.0))
             return []
+        self._settle(done, accepted)
         if not jobs and not self._stop_requested.is_set():
             self._waiter.wait(self.poll)
         return jobs
@@ -295,7 +311,7 @@ class Worker:
             try:
                 state = self.backend.job_fail(failure, kind)
                 break
-            except JustonceError as exc:
+            except Exception as exc:
                 if attempt == 2:
                     log.error("could not record failure; the lease will expire and the job "
                               "will be re-offered", extra={"event": "job.fail_write_error",
@@ -323,26 +339,47 @@ class Worker:
         while not self._closed.is_set():
             self._ack_wake.wait(self.ack_interval)
             self._ack_wake.clear()
-            self._flush_acks()
+            try:
+                self._flush_acks()
+            except Exception:
+                log.exception("ack round failed", extra={"event": "ack.error"})
+
+    def _take_acks(self) -> list[Completion]:
+        with self._cond:
+            batch, self._acks = self._acks, []
+        return batch
+
+    def _return_acks(self, batch: list[Completion]) -> None:
+        if batch:
+            with self._cond:
+                self._acks[:0] = batch
 
     def _flush_acks(self) -> bool:
         """Write buffered completions; False if the database did not take them."""
-        with self._cond:
-            batch, self._acks = self._acks, []
+        batch = self._take_acks()
         if not batch:
             return True
         try:
-            accepted = self.backend.job_complete_many(batch)
-        except JustonceError as exc:
-            with self._cond:
-                self._acks[:0] = batch
+            with self._batch_write:
+                accepted = self.backend.job_complete_many(batch)
+        except Exception as exc:
+            self._return_acks(batch)
             log.warning("could not record completions, retrying", extra={
-                "event": "ack.error", "error": str(exc), "pending": len(batch)})
+                "event": "ack.error", "error": str(exc), "pending": len(batch)},
+                exc_info=not isinstance(exc, JustonceError))
             self._closed.wait(0.5)
             return False
+        self._settle(batch, accepted)
+        return True
+
+    def _settle(self, batch: list[Completion], accepted: set[int]) -> None:
+        """Forget written completions and log each outcome (or its rejection)."""
+        if not batch:
+            return
         info = log.isEnabledFor(logging.INFO)
         with self._cond:
             helds = [self._held.pop(c.id, None) for c in batch]
+            self._cond.notify_all()
         for c, h in zip(batch, helds, strict=True):
             if c.id in accepted:
                 self.stats.succeeded += 1
@@ -358,17 +395,19 @@ class Worker:
                     "event": "job.rejected", "job_id": c.id,
                     "task": h.job.task if h else None, "outcome": "succeeded",
                 })
-        return True
 
     # -- supervisor: leases and timeouts -----------------------------------------------
     def _supervise_loop(self) -> None:
         tick = min(0.1, self.heartbeat / 4)
         next_beat = time.monotonic() + self.heartbeat
         while not self._closed.wait(tick):
-            self._check_timeouts()
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + self.heartbeat
-                self._renew_leases()
+            try:
+                self._check_timeouts()
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.heartbeat
+                    self._renew_leases()
+            except Exception:  # a dead supervisor would let every lease expire
+                log.exception("supervisor round failed", extra={"event": "supervisor.error"})
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
@@ -402,9 +441,11 @@ class Worker:
         if not pairs:
             return
         try:
-            renewed = self.backend.job_heartbeat(pairs, self.lease)
-        except JustonceError as exc:
-            log.warning("lease renewal failed", extra={"event": "heartbeat.error", "error": str(exc)})
+            with self._batch_write:
+                renewed = self.backend.job_heartbeat(pairs, self.lease)
+        except Exception as exc:
+            log.warning("lease renewal failed", extra={"event": "heartbeat.error", "error": str(exc)},
+                        exc_info=not isinstance(exc, JustonceError))
             return
         lost = []
         with self._cond:
@@ -434,9 +475,10 @@ class Worker:
         while not self._closed.wait(self.maintenance.interval):
             try:
                 self.maintenance.run_once()
-            except JustonceError as exc:
+            except Exception as exc:
                 log.warning("housekeeping failed", extra={"event": "maintenance.error",
-                                                          "error": str(exc)})
+                                                          "error": str(exc)},
+                            exc_info=not isinstance(exc, JustonceError))
 
     # -- shutdown ----------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -488,7 +530,8 @@ class Worker:
         if not jobs:
             return
         try:
-            self.backend.job_release([(j.id, j.lease_token) for j in jobs], refund)
-        except JustonceError as exc:
+            with self._batch_write:
+                self.backend.job_release([(j.id, j.lease_token) for j in jobs], refund)
+        except Exception as exc:
             log.warning("could not release jobs; their leases will expire", extra={
                 "event": "release.error", "error": str(exc)})

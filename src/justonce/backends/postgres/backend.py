@@ -7,8 +7,10 @@ PgBouncer in transaction mode (where LISTEN does not: run workers with ``listen=
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -204,16 +206,8 @@ class PostgresBackend:
         pending = list(range(len(jobs)))
         cur = conn.cursor(row_factory=tuple_row)
         for _ in range(5):
-            batch = [jobs[i] for i in pending]
-            cur.execute(Q["job_insert_many"], {
-                "queue": [j.queue for j in batch], "task": [j.task for j in batch],
-                "args": [j.args_json for j in batch], "kwargs": [j.kwargs_json for j in batch],
-                "priority": [j.priority for j in batch], "delay": [j.delay for j in batch],
-                "run_at": [j.run_at for j in batch],
-                "max_attempts": [j.max_attempts for j in batch],
-                "timeout": [j.timeout for j in batch], "key": [j.key for j in batch],
-                "partition_key": [j.partition_key for j in batch], "channel": self.channel,
-            })
+            rows_json = "[" + ",".join(_row_json(jobs[i]) for i in pending) + "]"
+            cur.execute(Q["job_insert_many"], {"rows": rows_json, "channel": self.channel})
             rows = cur.fetchall()
             # Identity values are drawn in insert order (ORDER BY ord), so the unkeyed rows'
             # ids sorted ascending line up with the unkeyed jobs in input order.
@@ -287,14 +281,29 @@ class PostgresBackend:
         rows.sort(key=lambda r: (r[9], r[0]))
         return [ClaimedJob(*r[:9]) for r in rows]
 
+    @staticmethod
+    def _completion_params(done: Sequence[Completion]) -> dict[str, Any]:
+        return {
+            "ids": [c.id for c in done], "tokens": [c.lease_token for c in done],
+            "results": [c.result_json for c in done], "notes": [c.note for c in done],
+        }
+
     def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
         if not done:
             return set()
-        rows = self._fetch("job_complete_many", {
-            "ids": [c.id for c in done], "tokens": [c.lease_token for c in done],
-            "results": [c.result_json for c in done], "notes": [c.note for c in done],
-        })
-        return {r[0] for r in rows}
+        return {r[0] for r in self._fetch("job_complete_many", self._completion_params(done))}
+
+    def job_complete_and_claim(
+        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        if not done:
+            return set(), self.job_claim(queue, limit, owner, lease)
+        params = self._completion_params(done)
+        params.update(queue=queue, limit=limit, owner=owner, lease=lease)
+        rows = self._fetch("job_complete_and_claim", params)
+        accepted = {r[1] for r in rows if r[0] == "done"}
+        claimed = sorted((r[1:] for r in rows if r[0] == "claimed"), key=lambda r: (r[9], r[0]))
+        return accepted, [ClaimedJob(*r[:9]) for r in claimed]
 
     def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
         rows = self._fetch("job_fail", {
@@ -353,11 +362,31 @@ class PostgresBackend:
 
 
 JOB_KEY_COL = 11  # position of "key" in SELECT * (see JOB_COLUMNS)
+_dumps = json.JSONEncoder().encode
+
+
+def _row_json(j: NewJob) -> str:
+    """One job as the JSON array job_insert_many expects. Queue and task names are
+    validated to a charset that needs no escaping; args/kwargs are JSON already; numbers
+    are finite (validated); keys and times go through the JSON encoder."""
+    return (
+        f'["{j.queue}","{j.task}",{j.args_json},{j.kwargs_json},{j.priority},{j.delay!r},'
+        f'{"null" if j.run_at is None else _dumps(j.run_at.isoformat())},{j.max_attempts},'
+        f'{j.timeout!r},{"null" if j.key is None else _dumps(j.key)},'
+        f'{"null" if j.partition_key is None else _dumps(j.partition_key)}]'
+    )
 
 
 class PostgresWaiter:
     """LISTEN on the backend's channel; payloads are queue names. Any failure falls back to
-    sleeping for the timeout (polling), and the next wait reconnects."""
+    sleeping for the timeout (polling), and the next wait reconnects.
+
+    One thread waits; ``close`` may come from any other thread. A libpq connection must not
+    be closed under a thread that is using it, so ``close`` only raises a flag, and the
+    waiting thread (which checks it at least every ``SLICE`` seconds) closes its own
+    connection."""
+
+    SLICE = 0.25
 
     def __init__(self, backend: PostgresBackend, queues: Sequence[str], listen: bool) -> None:
         self.backend = backend
@@ -365,6 +394,8 @@ class PostgresWaiter:
         self.listen = listen
         self._conn: psycopg.Connection | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting = False
 
     def _connect(self) -> psycopg.Connection:
         conn = self.backend.listen_connection()
@@ -375,15 +406,29 @@ class PostgresWaiter:
         if not self.listen:
             self._stop.wait(timeout)
             return
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._waiting = True
+        deadline = time.monotonic() + timeout
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self._connect()
-            for note in self._conn.notifies(timeout=timeout, stop_after=1):
-                if note.payload in self.queues:
+            while not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return
+                for note in self._conn.notifies(timeout=min(left, self.SLICE), stop_after=1):
+                    if note.payload in self.queues:
+                        return
         except (psycopg.Error, OSError):
             self._drop()
-            self._stop.wait(timeout)
+            self._stop.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._waiting = False
+                if self._stop.is_set():
+                    self._drop()
 
     def _drop(self) -> None:
         if self._conn is not None:
@@ -394,8 +439,10 @@ class PostgresWaiter:
             self._conn = None
 
     def close(self) -> None:
-        self._stop.set()
-        self._drop()
+        with self._lock:
+            self._stop.set()
+            if not self._waiting:
+                self._drop()
 
 
 def _redact(conninfo: str) -> str:

@@ -153,7 +153,7 @@ class SQLiteBackend:
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc) or time.monotonic() > deadline:
                     raise DatabaseUnavailable(f"SQLite write lock not available: {exc}") from exc
-                time.sleep(random.uniform(0.0002, 0.002))
+                time.sleep(random.uniform(0.00005, 0.0005))
         try:
             result = fn(conn)
         except BaseException:
@@ -175,7 +175,7 @@ class SQLiteBackend:
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc) or time.monotonic() > deadline:
                     raise DatabaseUnavailable(f"SQLite read failed: {exc}") from exc
-                time.sleep(random.uniform(0.0002, 0.002))
+                time.sleep(random.uniform(0.00005, 0.0005))
 
     # -- schema -----------------------------------------------------------------------
     def schema_version(self) -> int:
@@ -301,31 +301,30 @@ class SQLiteBackend:
         if not self._read(Q["job_any_ready"], {"queue": queue}):
             return []
         rows = self._write(lambda c: c.execute(Q["job_claim"], params).fetchall())
-        rows.sort(key=lambda r: (r["priority"], r["id"]))
-        return [
-            ClaimedJob(
-                id=r["id"], queue=r["queue"], task=r["task"], args=json.loads(r["args"]),
-                kwargs=json.loads(r["kwargs"]), attempts=r["attempts"],
-                max_attempts=r["max_attempts"], timeout=r["timeout"],
-                lease_token=r["lease_token"],
-            )
-            for r in rows
-        ]
+        return _claimed(rows)
+
+    @staticmethod
+    def _complete(conn: sqlite3.Connection, done: Sequence[Completion]) -> set[int]:
+        rows = json.dumps([[c.id, c.lease_token, c.result_json, c.note] for c in done])
+        return {r[0] for r in conn.execute(Q["job_complete_many"], {"rows": rows})}
 
     def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
-        def run(conn: sqlite3.Connection) -> set[int]:
-            ok = set()
-            sql = Q["job_complete"]
-            for c in done:
-                cur = conn.execute(
-                    sql,
-                    {"id": c.id, "token": c.lease_token, "result": c.result_json, "note": c.note},
-                )
-                if cur.rowcount:
-                    ok.add(c.id)
-            return ok
+        if not done:
+            return set()
+        return self._write(lambda c: self._complete(c, done))
 
-        return self._write(run)
+    def job_complete_and_claim(
+        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float
+    ) -> tuple[set[int], list[ClaimedJob]]:
+        if not done:
+            return set(), self.job_claim(queue, limit, owner, lease)
+        params = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+
+        def run(conn: sqlite3.Connection) -> tuple[set[int], list[sqlite3.Row]]:
+            return self._complete(conn, done), conn.execute(Q["job_claim"], params).fetchall()
+
+        accepted, rows = self._write(run)
+        return accepted, _claimed(rows)
 
     def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
         params = {
@@ -336,14 +335,10 @@ class SQLiteBackend:
         return JobState(row[0]) if row else None
 
     def _fenced_many(self, name: str, held: Sequence[tuple[int, int]], **extra: Any) -> set[int]:
-        def run(conn: sqlite3.Connection) -> set[int]:
-            ok = set()
-            for job_id, token in held:
-                if conn.execute(Q[name], {"id": job_id, "token": token, **extra}).rowcount:
-                    ok.add(job_id)
-            return ok
-
-        return self._write(run) if held else set()
+        if not held:
+            return set()
+        params = {"pairs": json.dumps(held), **extra}
+        return self._write(lambda c: {r[0] for r in c.execute(Q[name], params)})
 
     def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         return self._fenced_many("job_heartbeat", held, lease=lease)
@@ -421,6 +416,18 @@ class SQLiteWaiter:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
+    rows.sort(key=lambda r: (r["priority"], r["id"]))
+    return [
+        ClaimedJob(
+            id=r["id"], queue=r["queue"], task=r["task"], args=json.loads(r["args"]),
+            kwargs=json.loads(r["kwargs"]), attempts=r["attempts"],
+            max_attempts=r["max_attempts"], timeout=r["timeout"], lease_token=r["lease_token"],
+        )
+        for r in rows
+    ]
 
 
 def _row_dict(cur: Any, row: Any) -> dict[str, Any]:

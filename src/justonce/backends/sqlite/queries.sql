@@ -59,11 +59,18 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
 -- name: job_any_ready
 SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue LIMIT 1
 
--- name: job_complete
+-- name: job_complete_many
+-- :rows is a JSON array of [id, token, result JSON text or null, note or null]: one
+-- statement for the whole batch keeps the write lock short.
 UPDATE justonce_jobs
-   SET state = 'succeeded', result = :result, last_error = COALESCE(:note, last_error),
+   SET state = 'succeeded', result = d.result, last_error = COALESCE(d.note, last_error),
        finished_at = NOW(), lease_owner = NULL, lease_expires_at = NULL
- WHERE id = :id AND lease_token = :token AND state = 'running'
+  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+               json_extract(value, '$[2]') AS result, json_extract(value, '$[3]') AS note
+          FROM json_each(:rows)) AS d
+ WHERE justonce_jobs.id = d.id AND justonce_jobs.lease_token = d.token
+   AND justonce_jobs.state = 'running'
+RETURNING justonce_jobs.id
 
 -- name: job_fail
 UPDATE justonce_jobs
@@ -76,22 +83,30 @@ UPDATE justonce_jobs
        last_error = :error,
        errors = json_insert(errors, '$[#]', json_object(
                     'attempt', attempts, 'at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), 'kind', :kind,
-                    'error', :error, 'owner', lease_owner)),
+                    'error', :error, 'owner', lease_owner,
+                    'retry_in', CASE WHEN attempts < max_attempts THEN :retry_in END)),
        lease_owner = NULL, lease_expires_at = NULL
  WHERE id = :id AND lease_token = :token AND state = 'running'
 RETURNING state
 
 -- name: job_heartbeat
+-- :pairs is a JSON array of [id, token].
 UPDATE justonce_jobs
    SET lease_expires_at = NOW() + :lease
- WHERE id = :id AND lease_token = :token AND state = 'running'
+ WHERE state = 'running'
+   AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                               FROM json_each(:pairs))
+RETURNING id
 
 -- name: job_release
 UPDATE justonce_jobs
    SET state = 'ready',
        attempts = CASE WHEN :refund THEN max(attempts - 1, 0) ELSE attempts END,
        lease_owner = NULL, lease_expires_at = NULL
- WHERE id = :id AND lease_token = :token AND state = 'running'
+ WHERE state = 'running'
+   AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                               FROM json_each(:pairs))
+RETURNING id
 
 -- name: job_cancel
 UPDATE justonce_jobs
