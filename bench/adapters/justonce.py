@@ -26,13 +26,12 @@ What is measured is the library as a user runs it:
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
+from common import Adapter
 
 import justonce
-
-from common import Adapter
 
 TASK_NAME = "bench_noop"
 
