@@ -356,3 +356,14 @@ def test_complete_and_claim_records_the_batch_and_leases_the_next_in_one_call(ta
     assert tapp.get_job(second.id).state is JobState.RUNNING
     accepted, jobs = tapp.backend.job_complete_and_claim([], "default", 5, OWNER, 30.0)
     assert accepted == set() and jobs == []
+
+
+def test_task_enqueue_many_takes_tuples_and_dicts_with_shared_options(tapp: App) -> None:
+    add = tapp.tasks["add"]
+    ids = add.enqueue_many([(1, 2), {"a": 3, "b": 4}, [5, 6]], priority=3, delay=3600)
+    jobs = [tapp.get_job(i) for i in ids]
+    assert [(j.args, j.kwargs) for j in jobs] == [([1, 2], {}), ([], {"a": 3, "b": 4}), ([5, 6], {})]
+    assert {j.state for j in jobs} == {JobState.SCHEDULED} and {j.priority for j in jobs} == {3}
+    now_ids = add.enqueue_many([(7, 7)] * 50)
+    assert now_ids == sorted(now_ids) and len(set(now_ids)) == 50
+    assert len(claim(tapp, limit=100)) == 50

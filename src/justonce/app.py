@@ -168,6 +168,23 @@ class App:
         rows = [self.build(r) for r in requests]
         return self.backend.job_insert_many(rows, conn=conn) if rows else []
 
+    def enqueue_calls(
+        self, task: str | Task, calls: Iterable[Sequence[Any] | dict[str, Any]], *,
+        conn: Any = None, **options: Any,
+    ) -> list[int]:
+        """Queue one job per call (a tuple of positional arguments or a dict of keyword
+        arguments) with the same options, in one round trip. The options are validated
+        once, not once per job."""
+        template = self.build(Enqueue(task, **options))
+        rows = []
+        for call in calls:
+            if isinstance(call, dict):
+                args_json, kwargs_json = validate.arguments((), call)
+            else:
+                args_json, kwargs_json = validate.arguments(call, None)
+            rows.append(template.with_arguments(args_json, kwargs_json))
+        return self.backend.job_insert_many(rows, conn=conn) if rows else []
+
     # -- look-ups and operator actions --------------------------------------------------
     def get_job(self, job_id: int) -> Job:
         job = self.backend.job_get(_job_id(job_id))

@@ -34,6 +34,20 @@ class NewJob:
     def scheduled(self) -> bool:
         return self.run_at is not None or self.delay > 0
 
+    def with_arguments(self, args_json: str, kwargs_json: str) -> NewJob:
+        """The same job options with other (already validated) arguments."""
+        return NewJob(self.task, self.queue, args_json, kwargs_json, self.priority,
+                      self.max_attempts, self.timeout, self.delay, self.run_at, self.key,
+                      self.partition_key)
+
+    def same_options(self, other: NewJob) -> bool:
+        """True when only the arguments differ (and no key makes rows unique)."""
+        return (self.key is None and other.key is None and self.task == other.task
+                and self.queue == other.queue and self.priority == other.priority
+                and self.max_attempts == other.max_attempts and self.timeout == other.timeout
+                and self.delay == other.delay and self.run_at == other.run_at
+                and self.partition_key == other.partition_key)
+
 
 @dataclass(frozen=True, slots=True)
 class Job:

@@ -74,13 +74,7 @@ class Task:
     def enqueue_many(self, calls: Iterable[tuple[Any, ...] | dict[str, Any]], **options: Any) -> list[int]:
         """Queue many runs in one round trip: each item is a tuple of positional
         arguments or a dict of keyword arguments."""
-        reqs = []
-        for call in calls:
-            if isinstance(call, dict):
-                reqs.append(Enqueue(self, kwargs=call, **options))
-            else:
-                reqs.append(Enqueue(self, args=tuple(call), **options))
-        return self.app.enqueue_many(reqs)
+        return self.app.enqueue_calls(self, calls, **options)
 
 
 @dataclass(frozen=True)

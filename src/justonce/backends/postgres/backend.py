@@ -201,7 +201,23 @@ class PostgresBackend:
         with self._connection() as c:
             return self._insert_one(c, job)
 
+    def _insert_uniform(self, conn: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
+        j = jobs[0]
+        cur = conn.cursor(row_factory=tuple_row)
+        cur.execute(Q["job_insert_uniform"], {
+            "queue": j.queue, "task": j.task, "priority": j.priority, "delay": j.delay,
+            "max_attempts": j.max_attempts, "timeout": j.timeout,
+            "partition_key": j.partition_key, "channel": self.channel,
+            "args": "[" + ",".join(x.args_json for x in jobs) + "]",
+            "kwargs": "[" + ",".join(x.kwargs_json for x in jobs) + "]",
+        })
+        # Identity values are drawn in insert order (ORDER BY ord).
+        return sorted(r[0] for r in cur.fetchall())
+
     def _insert_many(self, conn: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
+        first = jobs[0]
+        if first.run_at is None and all(first.same_options(j) for j in jobs):
+            return self._insert_uniform(conn, jobs)
         ids: list[int | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         cur = conn.cursor(row_factory=tuple_row)

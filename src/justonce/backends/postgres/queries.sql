@@ -56,6 +56,29 @@ WITH d AS (
 )
 SELECT ins.id, ins.key, (SELECT n FROM woke) FROM ins
 
+-- name: job_insert_uniform
+-- job_insert_many for the common bulk case: one task, one set of options, no keys. Only
+-- the arguments vary, so only they travel per row.
+WITH v AS (
+    SELECT now() + %(delay)s::float8 * interval '1 second' AS due
+), ins AS (
+    INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
+                               max_attempts, timeout, partition_key)
+    SELECT %(queue)s, %(task)s, a.value, k.value,
+           CASE WHEN v.due > now() THEN 'scheduled' ELSE 'ready' END,
+           %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(partition_key)s
+      FROM jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, ord)
+      JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, ord)
+           USING (ord)
+     CROSS JOIN v
+     ORDER BY ord
+    RETURNING id, state
+), woke AS (
+    SELECT count(pg_notify(%(channel)s, %(queue)s)) AS n
+      FROM (SELECT 1 FROM ins WHERE state = 'ready' LIMIT 1) AS r
+)
+SELECT ins.id, NULL::text, (SELECT n FROM woke) FROM ins
+
 -- name: job_live_by_keys
 SELECT * FROM justonce_jobs
  WHERE key = ANY(%(keys)s::text[]) AND state IN ('scheduled','ready','running')
