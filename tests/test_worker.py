@@ -217,3 +217,21 @@ def test_worker_rejects_bad_options(app: App) -> None:
                 {"grace": -1}, {"poll": 0}):
         with pytest.raises(ValidationError):
             Worker(app, **bad)
+
+
+def test_closing_the_app_right_after_stop_leaves_running_threads_their_connections(app: App) -> None:
+    """A worker's threads may still be inside a claim when its app is closed; closing their
+    connections under them used to crash the process (SQLite)."""
+
+    @app.task(name="quick")
+    def quick() -> None:
+        return None
+
+    for _ in range(10):
+        quick.enqueue_many([()] * 50)
+        w = Worker(app, concurrency=4, poll=0.05, lease=5).start()
+        time.sleep(0.05)
+        w.stop()
+        app.close()  # no join first, on purpose
+        assert w.join(15)
+    assert app.queue_counts()  # the app reopens its database after close

@@ -8,6 +8,7 @@ database's ``now()`` inside the statement.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -145,6 +146,14 @@ def load_queries(path: Path, macros: dict[str, str] | None = None) -> dict[str, 
     for name, body in queries.items():
         queries[name] = _INCLUDE.sub(lambda m: queries[m.group(1)], body)
     return queries
+
+
+def decode_arguments(pairs: list[tuple[str, str]]) -> list[tuple[Any, Any]]:
+    """Decode the (args, kwargs) JSON texts of a claimed batch with one parser call."""
+    if not pairs:
+        return []
+    doc = ",".join(f"[{a},{k}]" for a, k in pairs)
+    return [tuple(p) for p in json.loads(f"[{doc}]")]
 
 
 def migration_files(folder: Path) -> list[tuple[int, str, str]]:

@@ -72,6 +72,16 @@ def _error_text(exc: BaseException) -> str:
     return text
 
 
+def _mismatch(task: Task, job: ClaimedJob) -> str | None:
+    if task.signature is None:
+        return None
+    try:
+        task.signature.bind(*job.args, **job.kwargs)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
 class Executor:
     def __init__(self, app: App) -> None:
         self.app = app
@@ -86,13 +96,6 @@ class Executor:
             return self._fail(job, start, "unknown_task", None,
                               f"unknown task {job.task!r}: no worker task is registered "
                               "under that name", final=True)
-        if task.signature is not None:
-            try:
-                task.signature.bind(*job.args, **job.kwargs)
-            except TypeError as exc:
-                return self._fail(job, start, "bad_arguments", task,
-                                  f"arguments do not match {job.task}{task.signature}: {exc}",
-                                  final=True)
         try:
             if task.is_async:
                 fut = self.async_runner.submit(task, job)
@@ -108,6 +111,15 @@ class Executor:
             return self._fail(job, start, "cancelled", task, "cancelled by the worker")
         except NonRetryable as exc:
             return self._fail(job, start, "failed", task, _error_text(exc), final=True)
+        except TypeError as exc:
+            # Checked only on failure (binding every call costs more than a no-op task):
+            # arguments that cannot fit the signature will never succeed, so no retry.
+            mismatch = _mismatch(task, job)
+            if mismatch is not None:
+                return self._fail(job, start, "bad_arguments", task,
+                                  f"arguments do not match {job.task}{task.signature}: {mismatch}",
+                                  final=True)
+            return self._fail(job, start, "failed", task, _error_text(exc))
         except Exception as exc:
             return self._fail(job, start, "failed", task, _error_text(exc))
         result_json, note = validate.result_json(result)

@@ -140,6 +140,7 @@ class Worker:
         self._batch_write = threading.Lock()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._slot_of: dict[threading.Thread, _Slot] = {}
         self._grace_override: float | None = None
         self._waiter = self.backend.waiter(self.queues, listen=listen)
         self._runner: threading.Thread | None = None
@@ -198,6 +199,8 @@ class Worker:
 
     def _spawn(self, target: Any, name: str, *args: Any) -> threading.Thread:
         t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        if args and isinstance(args[0], _Slot):
+            self._slot_of[t] = args[0]
         t.start()
         self._threads.append(t)
         return t
@@ -282,7 +285,8 @@ class Worker:
         with self._cond:
             if not (h.slot is not None and h.slot.abandoned):
                 self._running -= 1  # an abandoned slot was already counted out
-            self._cond.notify_all()
+            if self._stopping:
+                self._cond.notify_all()  # the shutdown waits for running jobs
             if h.finished or h.lost:
                 # The supervisor already failed it (timeout) or the lease was lost.
                 discarded = True
@@ -520,6 +524,13 @@ class Worker:
         self._closed.set()
         self._ack_wake.set()
         self._waiter.close()
+        # Let the slots, acker, supervisor and housekeeper end before the worker reports
+        # itself stopped (a caller may close the database next). A slot stuck in a sync
+        # task that timed out is abandoned and not waited for.
+        for t in self._threads:
+            slot = self._slot_of.get(t)
+            if t is not threading.current_thread() and not (slot and slot.abandoned):
+                t.join(timeout=max(1.0, self.poll + 1.0))
         self.executor.async_runner.close()
         log.info("worker stopped", extra={
             "event": "worker.stopped", "owner": self.owner, "succeeded": self.stats.succeeded,

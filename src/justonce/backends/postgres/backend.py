@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ...errors import ConfigurationError, DatabaseUnavailable, KeyConflict, SchemaError
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
 from ...types import JobState
-from ..base import job_from_row, load_queries, migration_files
+from ..base import decode_arguments, job_from_row, load_queries, migration_files
 
 try:
     import psycopg
@@ -294,8 +294,7 @@ class PostgresBackend:
         rows = self._fetch(
             "job_claim", {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
         )
-        rows.sort(key=lambda r: (r[9], r[0]))
-        return [ClaimedJob(*r[:9]) for r in rows]
+        return _claimed(rows)
 
     @staticmethod
     def _completion_params(done: Sequence[Completion]) -> dict[str, Any]:
@@ -318,8 +317,7 @@ class PostgresBackend:
         params.update(queue=queue, limit=limit, owner=owner, lease=lease)
         rows = self._fetch("job_complete_and_claim", params)
         accepted = {r[1] for r in rows if r[0] == "done"}
-        claimed = sorted((r[1:] for r in rows if r[0] == "claimed"), key=lambda r: (r[9], r[0]))
-        return accepted, [ClaimedJob(*r[:9]) for r in claimed]
+        return accepted, _claimed([r[1:] for r in rows if r[0] == "claimed"])
 
     def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
         rows = self._fetch("job_fail", {
@@ -375,6 +373,17 @@ class PostgresBackend:
         return psycopg.connect(
             self.conninfo, **self._kwargs, connect_timeout=int(self.connect_timeout)
         )
+
+
+def _claimed(rows: list[Any]) -> list[ClaimedJob]:
+    """Rows of (id, queue, task, args text, kwargs text, attempts, max_attempts, timeout,
+    lease_token, priority) in claim order."""
+    rows.sort(key=lambda r: (r[9], r[0]))
+    decoded = decode_arguments([(r[3], r[4]) for r in rows])
+    return [
+        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8])
+        for r, (a, k) in zip(rows, decoded, strict=True)
+    ]
 
 
 JOB_KEY_COL = 11  # position of "key" in SELECT * (see JOB_COLUMNS)

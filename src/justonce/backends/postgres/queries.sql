@@ -113,8 +113,8 @@ UPDATE justonce_jobs j
             ORDER BY priority, id
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
-RETURNING j.id, j.queue, j.task, j.args, j.kwargs, j.attempts, j.max_attempts, j.timeout,
-          j.lease_token, j.priority
+RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
+          j.timeout, j.lease_token, j.priority
 
 -- name: job_complete_many
 UPDATE justonce_jobs j
@@ -133,8 +133,8 @@ WITH done AS (
 ), claimed AS (
 {{job_claim}}
 )
-SELECT 'done' AS kind, id, NULL::text AS queue, NULL::text AS task, NULL::jsonb AS args,
-       NULL::jsonb AS kwargs, NULL::int AS attempts, NULL::int AS max_attempts,
+SELECT 'done' AS kind, id, NULL::text AS queue, NULL::text AS task, NULL::text AS args,
+       NULL::text AS kwargs, NULL::int AS attempts, NULL::int AS max_attempts,
        NULL::float8 AS timeout, NULL::bigint AS lease_token, NULL::smallint AS priority
   FROM done
 UNION ALL

@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl
 from ...errors import ConfigurationError, DatabaseUnavailable, KeyConflict, SchemaError
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
 from ...types import JobState
-from ..base import job_from_row, load_queries, migration_files
+from ..base import decode_arguments, job_from_row, load_queries, migration_files
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -98,7 +98,7 @@ class SQLiteBackend:
         if not parent.is_dir():
             raise ConfigurationError(f"SQLite database folder {str(parent)!r} does not exist")
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._lock = threading.Lock()
         self._schema_ok = False
 
@@ -119,7 +119,7 @@ class SQLiteBackend:
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
             with self._lock:
-                self._all.append(conn)
+                self._all.append((threading.current_thread(), conn))
         return conn
 
     def _ensure_schema(self) -> None:
@@ -371,14 +371,20 @@ class SQLiteBackend:
         return datetime.fromtimestamp(value, UTC)
 
     def close(self) -> None:
+        """Close this thread's connection and those of threads that have ended. A thread
+        that is still running keeps its connection (closing a sqlite3 connection under a
+        thread that is using it crashes the process); it is closed when that thread ends."""
+        me = threading.current_thread()
         with self._lock:
-            conns, self._all = self._all, []
-        for conn in conns:
+            mine = [(t, c) for t, c in self._all if t is me or not t.is_alive()]
+            self._all = [(t, c) for t, c in self._all if (t, c) not in mine]
+        for _, conn in mine:
             try:
                 conn.close()
             except sqlite3.Error:
                 pass
         self._local = threading.local()
+        self._schema_ok = False
 
 
 class SQLiteWaiter:
@@ -420,13 +426,11 @@ class SQLiteWaiter:
 
 def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
     rows.sort(key=lambda r: (r["priority"], r["id"]))
+    decoded = decode_arguments([(r["args"], r["kwargs"]) for r in rows])
     return [
-        ClaimedJob(
-            id=r["id"], queue=r["queue"], task=r["task"], args=json.loads(r["args"]),
-            kwargs=json.loads(r["kwargs"]), attempts=r["attempts"],
-            max_attempts=r["max_attempts"], timeout=r["timeout"], lease_token=r["lease_token"],
-        )
-        for r in rows
+        ClaimedJob(r["id"], r["queue"], r["task"], a, k, r["attempts"], r["max_attempts"],
+                   r["timeout"], r["lease_token"])
+        for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 
 
