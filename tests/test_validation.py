@@ -170,3 +170,22 @@ def test_embedded_sqlite_migrates_itself_on_first_use(tmp_path) -> None:
     assert app.get_job(job.id).args == [1]
     assert app.migrate() == []  # already there
     app.close()
+
+
+@pytest.mark.parametrize(("calls", "error"), [
+    ([(1,), (object(),)], InvalidArguments),
+    ([(1,), ("a\x00",)], InvalidArguments),
+    ([(1,), {1: "int key"}], InvalidArguments),
+    ([(1,), "not a call"], InvalidArguments),
+    ([(1,), ("x" * (MAX_PAYLOAD_BYTES + 1),)], PayloadTooLarge),
+], ids=["not JSON", "NUL", "int kwargs key", "string call", "oversize"])
+def test_bad_call_in_a_task_bulk_enqueue_writes_nothing(vapp: App, calls, error) -> None:
+    with pytest.raises(error):
+        vapp.tasks["t"].enqueue_many(calls)
+    assert_nothing_written(vapp)
+
+
+def test_bulk_enqueue_of_many_jobs_each_under_the_limit_is_accepted(vapp: App) -> None:
+    # Together far over the per-job limit, each one under it.
+    ids = vapp.tasks["t"].enqueue_many([("x" * 100_000,)] * 5)
+    assert len(ids) == 5

@@ -176,14 +176,15 @@ class App:
         arguments) with the same options, in one round trip. The options are validated
         once, not once per job."""
         template = self.build(Enqueue(task, **options))
-        rows = []
-        for call in calls:
-            if isinstance(call, dict):
-                args_json, kwargs_json = validate.arguments((), call)
-            else:
-                args_json, kwargs_json = validate.arguments(call, None)
-            rows.append(template.with_arguments(args_json, kwargs_json))
-        return self.backend.job_insert_many(rows, conn=conn) if rows else []
+        calls = list(calls)
+        if not calls:
+            return []
+        if template.key is not None:
+            # Every call would carry the same key: the general path settles them.
+            rows = [template.with_arguments(*validate.arguments(*_split(c))) for c in calls]
+            return self.backend.job_insert_many(rows, conn=conn)
+        args_doc, kwargs_doc = validate.batch_arguments(calls)
+        return self.backend.job_insert_batch(template, args_doc, kwargs_doc, conn=conn)
 
     # -- look-ups and operator actions --------------------------------------------------
     def get_job(self, job_id: int) -> Job:
@@ -242,6 +243,10 @@ def _option(given: Any, task_default: Any, default: Any, check: Callable[[Any], 
     if task_default is not None:
         return task_default
     return default
+
+
+def _split(call: Any) -> tuple[Any, Any]:
+    return ((), call) if isinstance(call, dict) else (call, None)
 
 
 def _job_id(value: Any) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -101,6 +102,44 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
             f"job arguments are {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
         )
     return args_json, kwargs_json
+
+
+def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
+    """(args_doc, kwargs_doc): JSON arrays with one entry per call (a list/tuple of
+    positional arguments, or a dict of keyword arguments), encoded with one call each.
+    Any problem is reported as :func:`arguments` would report it for that job."""
+    args_list: list[Any] = []
+    kwargs_list: list[Any] = []
+    for call in calls:
+        if isinstance(call, dict):
+            if any(not isinstance(k, str) for k in call):
+                arguments((), call)  # raises with the message for this job
+            args_list.append(())
+            kwargs_list.append(call)
+        elif isinstance(call, (list, tuple)):
+            args_list.append(call)
+            kwargs_list.append(_EMPTY)
+        else:
+            raise InvalidArguments(
+                f"each call must be a tuple of arguments or a dict of keyword arguments, "
+                f"not {type(call).__name__}"
+            )
+    try:
+        args_doc = _ENCODER.encode(args_list)
+        kwargs_doc = _ENCODER.encode(kwargs_list)
+    except (TypeError, ValueError):
+        args_doc = kwargs_doc = ""
+    if (not args_doc or _has_nul(args_doc) or _has_nul(kwargs_doc)
+            or len(args_doc) + len(kwargs_doc) > MAX_PAYLOAD_BYTES):
+        # Rare: find the job at fault (or check each job's size) one by one.
+        for a, k in zip(args_list, kwargs_list, strict=True):
+            arguments(a, k)
+        if not args_doc:  # pragma: no cover - a job above must have raised
+            raise InvalidArguments("arguments are not JSON-serialisable")
+    return args_doc, kwargs_doc
+
+
+_EMPTY: dict[str, Any] = {}
 
 
 def result_json(value: Any) -> tuple[str | None, str | None]:

@@ -56,6 +56,13 @@ class Backend(Protocol):
         """Insert many jobs in one statement / transaction; return their ids in input
         order (the live job's id where a key was already held). Atomic as a whole."""
 
+    def job_insert_batch(
+        self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
+    ) -> list[int]:
+        """Insert one job per entry of the JSON arrays ``args_doc`` / ``kwargs_doc`` (same
+        length), all with ``template``'s task and options (``template.key`` must be None).
+        One statement; returns ids in input order."""
+
     def job_get(self, job_id: int) -> Job | None:
         """The job, or None."""
 

@@ -201,23 +201,34 @@ class PostgresBackend:
         with self._connection() as c:
             return self._insert_one(c, job)
 
-    def _insert_uniform(self, conn: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
-        j = jobs[0]
+    def _insert_batch(
+        self, conn: psycopg.Connection, j: NewJob, args_doc: str, kwargs_doc: str
+    ) -> list[int]:
         cur = conn.cursor(row_factory=tuple_row)
-        cur.execute(Q["job_insert_uniform"], {
+        cur.execute(Q["job_insert_batch"], {
             "queue": j.queue, "task": j.task, "priority": j.priority, "delay": j.delay,
-            "max_attempts": j.max_attempts, "timeout": j.timeout,
+            "run_at": j.run_at, "max_attempts": j.max_attempts, "timeout": j.timeout,
             "partition_key": j.partition_key, "channel": self.channel,
-            "args": "[" + ",".join(x.args_json for x in jobs) + "]",
-            "kwargs": "[" + ",".join(x.kwargs_json for x in jobs) + "]",
+            "args": args_doc, "kwargs": kwargs_doc,
         })
         # Identity values are drawn in insert order (ORDER BY ord).
         return sorted(r[0] for r in cur.fetchall())
 
+    def job_insert_batch(
+        self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
+    ) -> list[int]:
+        if conn is not None:
+            self._ensure_schema()
+            return self._insert_batch(conn, template, args_doc, kwargs_doc)
+        with self._connection() as c:
+            return self._insert_batch(c, template, args_doc, kwargs_doc)
+
     def _insert_many(self, conn: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
         first = jobs[0]
-        if first.run_at is None and all(first.same_options(j) for j in jobs):
-            return self._insert_uniform(conn, jobs)
+        if all(first.same_options(j) for j in jobs):
+            args_doc = "[" + ",".join(j.args_json for j in jobs) + "]"
+            kwargs_doc = "[" + ",".join(j.kwargs_json for j in jobs) + "]"
+            return self._insert_batch(conn, first, args_doc, kwargs_doc)
         ids: list[int | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         cur = conn.cursor(row_factory=tuple_row)

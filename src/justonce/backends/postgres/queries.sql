@@ -56,11 +56,12 @@ WITH d AS (
 )
 SELECT ins.id, ins.key, (SELECT n FROM woke) FROM ins
 
--- name: job_insert_uniform
--- job_insert_many for the common bulk case: one task, one set of options, no keys. Only
--- the arguments vary, so only they travel per row.
+-- name: job_insert_batch
+-- The common bulk case: one task, one set of options, no keys. Only the arguments vary,
+-- so only they travel per row, as two JSON arrays.
 WITH v AS (
-    SELECT now() + %(delay)s::float8 * interval '1 second' AS due
+    SELECT COALESCE(%(run_at)s::timestamptz,
+                    now() + %(delay)s::float8 * interval '1 second') AS due
 ), ins AS (
     INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
                                max_attempts, timeout, partition_key)

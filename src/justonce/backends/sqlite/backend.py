@@ -243,6 +243,11 @@ class SQLiteBackend:
         return self._write(lambda c: self._insert_one(c, job))
 
     def _insert_many(self, conn: Any, jobs: Sequence[NewJob]) -> list[int]:
+        first = jobs[0]
+        if all(first.same_options(j) for j in jobs):
+            args_doc = "[" + ",".join(j.args_json for j in jobs) + "]"
+            kwargs_doc = "[" + ",".join(j.kwargs_json for j in jobs) + "]"
+            return self._insert_batch(conn, first, args_doc, kwargs_doc)
         ids = []
         cur = conn.cursor()
         for job in jobs:
@@ -255,10 +260,26 @@ class SQLiteBackend:
         return ids
 
     def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
+        if not jobs:
+            return []
         if conn is not None:
             self._ensure_schema()
             return self._insert_many(conn, jobs)
         return self._write(lambda c: self._insert_many(c, jobs))
+
+    def _insert_batch(self, conn: Any, j: NewJob, args_doc: str, kwargs_doc: str) -> list[int]:
+        params = self._job_params(j)
+        params.update(args=args_doc, kwargs=kwargs_doc)
+        del params["key"]
+        return sorted(r[0] for r in conn.execute(Q["job_insert_batch"], params).fetchall())
+
+    def job_insert_batch(
+        self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
+    ) -> list[int]:
+        if conn is not None:
+            self._ensure_schema()
+            return self._insert_batch(conn, template, args_doc, kwargs_doc)
+        return self._write(lambda c: self._insert_batch(c, template, args_doc, kwargs_doc))
 
     def job_get(self, job_id: int) -> Job | None:
         rows = self._read(Q["job_get"], {"id": job_id})

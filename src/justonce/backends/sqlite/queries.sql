@@ -27,6 +27,18 @@ ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','runni
 DO NOTHING
 RETURNING id
 
+-- name: job_insert_batch
+-- One task, one set of options, no keys: one row per entry of the :args / :kwargs arrays.
+INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
+                           timeout, partition_key, created_at)
+SELECT :queue, :task, a.value, k.value,
+       CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
+       :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :partition_key,
+       NOW()
+  FROM json_each(:args) AS a JOIN json_each(:kwargs) AS k ON k.key = a.key
+ ORDER BY a.key
+RETURNING id
+
 -- name: job_live_by_key
 SELECT * FROM justonce_jobs
  WHERE key = :key AND state IN ('scheduled','ready','running')
