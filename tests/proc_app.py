@@ -39,7 +39,7 @@ def ledger_connect(url: str) -> Any:
     query = dict(parse_qsl(parts.query))
     schema = query.pop("schema", None)  # justonce's own option, not libpq's
     conninfo = urlunsplit(parts._replace(query=urlencode(query)))
-    options = {"options": f"-c search_path={schema}"} if schema else {}
+    options: dict[str, Any] = {"options": f"-c search_path={schema}"} if schema else {}
     return psycopg.connect(conninfo, autocommit=True, connect_timeout=10, **options)
 
 
@@ -92,6 +92,11 @@ def _write(n: int, event: str) -> None:
 
 
 # -- tasks --------------------------------------------------------------------------------
+
+
+@app.task
+def noop() -> None:
+    pass
 
 
 @app.task

@@ -32,7 +32,11 @@ def setup(level: str = "INFO", json_lines: bool = True) -> None:
     handler.setFormatter(
         JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     )
-    root = logging.getLogger("justonce")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    # psycopg_pool reports reconnects and discarded connections on its own loggers: they
+    # belong in the same stream, in the same format.
+    for name in ("justonce", "psycopg"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level.upper() if name == "justonce" else max(logging.WARNING,
+                                                                      logging.getLevelName(level.upper())))
+        logger.propagate = False

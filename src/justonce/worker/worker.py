@@ -250,12 +250,17 @@ class Worker:
             jobs = self._fetch(free)
             with self._cond:
                 self._fetching = False
-                # Jobs claimed while a stop began stay held: the shutdown releases them.
+                late: list[ClaimedJob] = []
+                if self._stopping:
+                    late, jobs = jobs, []
                 for job in jobs:
                     self._held[job.id] = _Held(job)
                     self._ready.append(job.id)
                 self.stats.claimed += len(jobs)
                 self._cond.notify_all()
+            if late:
+                # Claimed while a stop began: give them back unstarted.
+                self._release(late, refund=True)
 
     def _fetch(self, free: int) -> list[ClaimedJob]:
         """Claim the next batch; completions waiting to be written go in the same
@@ -495,7 +500,7 @@ class Worker:
         grace = self.grace if self._grace_override is None else self._grace_override
         deadline = time.monotonic() + grace
         with self._cond:
-            while self._running > 0:
+            while self._running > 0 or self._fetching:
                 left = deadline - time.monotonic()
                 if self._grace_override is not None:
                     left = min(left, deadline - time.monotonic(), self._grace_override)
@@ -527,10 +532,14 @@ class Worker:
         # Let the slots, acker, supervisor and housekeeper end before the worker reports
         # itself stopped (a caller may close the database next). A slot stuck in a sync
         # task that timed out is abandoned and not waited for.
+        stuck = {id(h.slot) for h in leftovers if h.slot is not None}
+        end = time.monotonic() + max(1.0, self.poll + 1.0)
         for t in self._threads:
             slot = self._slot_of.get(t)
-            if t is not threading.current_thread() and not (slot and slot.abandoned):
-                t.join(timeout=max(1.0, self.poll + 1.0))
+            if t is threading.current_thread() or (slot is not None and (
+                    slot.abandoned or id(slot) in stuck)):
+                continue  # still in user code past the grace; its outcome is discarded
+            t.join(timeout=max(0.0, end - time.monotonic()))
         self.executor.async_runner.close()
         log.info("worker stopped", extra={
             "event": "worker.stopped", "owner": self.owner, "succeeded": self.stats.succeeded,

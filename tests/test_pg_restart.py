@@ -1,0 +1,91 @@
+"""A worker process survives a PostgreSQL restart (a throwaway cluster of its own)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import proc_app
+from justonce import DatabaseUnavailable, Enqueue
+from pgcluster import Cluster, pg_bin
+from test_processes import Fleet, ledger, state_counts, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    if pg_bin() is None:
+        msg = "initdb / pg_ctl not found: cannot start a PostgreSQL cluster to restart"
+        if os.environ.get("JUSTONCE_REQUIRE_POSTGRES") == "1":
+            pytest.fail(msg + " (JUSTONCE_REQUIRE_POSTGRES=1)", pytrace=False)
+        pytest.skip(msg)
+    c = Cluster.create()
+    try:
+        yield c
+    finally:
+        c.destroy()
+
+
+@pytest.mark.parametrize("down", [0.0, 3.0], ids=["restart", "down_3s"])
+def test_postgres_restart_under_a_running_worker_it_reconnects_and_all_jobs_succeed(
+    cluster: Cluster, tmp_path: Path, down: float
+) -> None:
+    """Restart the PostgreSQL server (pg_ctl stop -m fast; start) under a running worker
+    process, while slow jobs run; at once, or after 3 s down (longer than the 2 s lease,
+    so the worker's heartbeats and writes fail meanwhile). The worker is not restarted: it
+    reconnects by itself, and every job queued before and after the restart ends
+    succeeded, each in the ledger."""
+    url = cluster.url
+    app = proc_app.app
+    app.use_database(url)
+    app.migrate()
+    proc_app.create_ledger(url)
+    fleet = Fleet(url, tmp_path)
+    try:
+        w = fleet.start(concurrency=2)
+        before = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(100))
+        before += app.enqueue_many(Enqueue(proc_app.slow_record, args=(n, 1.5))
+                                   for n in range(100, 102))
+        wait_for(lambda: state_counts(app)["succeeded"] >= 100 and len(ledger(url, "start")) >= 1,
+                 30, "the first jobs to run")
+
+        if down:
+            cluster.stop("fast")
+            time.sleep(down)
+            cluster.start()
+        else:
+            cluster.restart()
+
+        # The app's pooled connections died with the server: an enqueue may fail until the
+        # pool has replaced them (each failure is a clear DatabaseUnavailable).
+        failures = 0
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                after = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(200, 300))
+                break
+            except DatabaseUnavailable:
+                failures += 1
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+        total = len(before) + len(after)
+        wait_for(lambda: state_counts(app)["succeeded"] == total, 60,
+                 f"all {total} jobs to succeed (now {dict(state_counts(app))})", interval=0.2)
+        expected = set(range(102)) | set(range(200, 300))
+        assert {n for n, _, _ in ledger(url)} == expected
+        assert w.popen.poll() is None, "the worker died:\n" + w.tail()
+        assert {pid for _, pid, _ in ledger(url)} == {w.pid}
+        w.signal(signal.SIGTERM)
+        assert w.wait(20) == 0, w.tail()
+        print(f"enqueue failures after the restart: {failures}")
+    finally:
+        fleet.kill_all()
+        app.close()

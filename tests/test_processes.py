@@ -1,0 +1,612 @@
+"""Process-level tests: real worker processes, started the way users start them
+(``python -m justonce worker --app proc_app:app …``), killed, stopped and restarted.
+
+Every test runs on both backends (the ``db_url`` fixture). The tasks (tests/proc_app.py)
+write a ``ledger`` row each time their code runs, so "exactly once" and "nothing lost" are
+counted from what really ran, not from what the queue says.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import proc_app
+from justonce import App, Enqueue, Job
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+
+# Short leases keep the tests quick: a dead worker's jobs come back within ~2.5 s.
+LEASE = 2.0
+HEARTBEAT = 0.5
+HOUSEKEEPING = 0.5
+POLL = 0.2
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}", pytrace=False)
+        time.sleep(interval)
+
+
+class WorkerProc:
+    """One ``justonce worker`` process; its JSON log lines (stderr) go to a file."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log: Path) -> None:
+        self.popen = popen
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def events(self, event: str | None = None, job_id: int | None = None) -> list[dict[str, Any]]:
+        out = []
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a traceback line, or a line still being written
+            if not isinstance(rec, dict):
+                continue
+            if event is not None and rec.get("event") != event:
+                continue
+            if job_id is not None and rec.get("job_id") != job_id:
+                continue
+            out.append(rec)
+        return out
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of the log, without the (many) job.succeeded lines."""
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        keep = [ln for ln in text if '"event": "job.succeeded"' not in ln]
+        return f"exit status {self.popen.returncode}; log {self.log}:\n" + "\n".join(keep[-lines:])
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class Fleet:
+    """Starts worker processes against one database and kills every leftover at the end."""
+
+    def __init__(self, url: str, folder: Path) -> None:
+        self.url = url
+        self.folder = folder
+        self.procs: list[WorkerProc] = []
+
+    def command(self, *, concurrency: int, lease: float, heartbeat: float, grace: float,
+                poll: float, housekeeping_interval: float) -> list[str]:
+        return [
+            sys.executable, "-m", "justonce", "worker", "--app", "proc_app:app",
+            "--database-url", self.url, "--concurrency", str(concurrency),
+            "--lease", str(lease), "--heartbeat", str(heartbeat), "--grace", str(grace),
+            "--poll", str(poll), "--housekeeping-interval", str(housekeeping_interval),
+            "--log-level", "INFO",
+        ]
+
+    def start(self, *, concurrency: int = 2, lease: float = LEASE, heartbeat: float = HEARTBEAT,
+              grace: float = 10.0, poll: float = POLL, housekeeping_interval: float = HOUSEKEEPING,
+              ready: bool = True) -> WorkerProc:
+        env = dict(os.environ)
+        env.pop("JUSTONCE_DATABASE_URL", None)  # --database-url alone says where
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+        log = self.folder / f"worker-{len(self.procs)}.log"
+        cmd = self.command(concurrency=concurrency, lease=lease, heartbeat=heartbeat,
+                           grace=grace, poll=poll, housekeeping_interval=housekeeping_interval)
+        with open(log, "wb") as err:
+            popen = subprocess.Popen(cmd, cwd=self.folder, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=err, stderr=err, start_new_session=True)
+        proc = WorkerProc(popen, log)
+        self.procs.append(proc)
+        if ready:
+            self.wait_ready(proc)
+        return proc
+
+    def wait_ready(self, *procs: WorkerProc, timeout: float = 30.0) -> None:
+        for proc in procs:
+            def started(p: WorkerProc = proc) -> bool:
+                if p.popen.poll() is not None:
+                    pytest.fail(f"worker {p.pid} exited with {p.popen.returncode} before it "
+                                f"started:\n{p.tail()}", pytrace=False)
+                return bool(p.events("worker.started"))
+            wait_for(started, timeout, f"worker {proc.pid} to start")
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)  # works on a stopped process too
+                except ProcessLookupError:
+                    pass
+            proc.wait(10)
+
+
+@pytest.fixture
+def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    f = Fleet(db_url, tmp_path)
+    try:
+        yield f
+    finally:
+        f.kill_all()
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[App]:
+    """proc_app's own App, pointed at this test's database, with the ledger table made."""
+    a = proc_app.app
+    a.use_database(db_url)
+    a.migrate()
+    proc_app.create_ledger(db_url)
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+def state_counts(app: App) -> Counter[str]:
+    c: Counter[str] = Counter()
+    for qc in app.queue_counts():
+        c[str(qc.state)] += qc.count
+    return c
+
+
+def ledger(url: str, event: str | None = "done") -> list[tuple[int, int, str]]:
+    return proc_app.ledger_rows(url, event)
+
+
+def error_kinds(job: Job) -> list[str]:
+    return [str(e.get("kind")) for e in job.errors]
+
+
+def running_jobs_of(app: App, proc: WorkerProc) -> list[Job]:
+    return [j for j in app.list_jobs(state="running", limit=10000)
+            if j.lease_owner and f":{proc.pid}:" in j.lease_owner]
+
+
+def database_blocked(url: str, job_id: int) -> bool:
+    """True when a write lock the job's rescue needs is held (e.g. by a stopped process)."""
+    if url.startswith("sqlite:"):
+        conn = sqlite3.connect(url[len("sqlite:///"):].split("?", 1)[0], timeout=0.3,
+                               isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError:
+            return True
+        finally:
+            conn.close()
+    import psycopg
+
+    conn = proc_app.ledger_connect(url)
+    try:
+        with conn.transaction():
+            conn.execute("SELECT id FROM justonce_jobs WHERE id = %s FOR UPDATE NOWAIT", (job_id,))
+        return False
+    except psycopg.errors.LockNotAvailable:
+        return True
+    finally:
+        conn.close()
+
+
+# -- 1. many workers, many jobs: each exactly once ---------------------------------------------
+
+
+def test_six_workers_drain_20000_jobs_every_job_runs_and_succeeds_exactly_once(
+    app: App, db_url: str, fleet: Fleet
+) -> None:
+    """Nothing is killed: 6 worker processes drain 20,000 jobs. Afterwards the ledger has
+    exactly one row per job (20,000 distinct n, none twice) and every job is succeeded,
+    none ready or running."""
+    total = 20_000
+    workers = [fleet.start(concurrency=3, ready=False) for _ in range(6)]
+    fleet.wait_ready(*workers)
+    ids = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(total))
+    assert len(set(ids)) == total
+
+    wait_for(lambda: state_counts(app)["succeeded"] == total, 150,
+             f"{total} jobs to succeed (now {dict(state_counts(app))})", interval=0.5)
+
+    rows = ledger(db_url)
+    runs = Counter(n for n, _, _ in rows)
+    assert len(rows) == total, f"{len(rows) - total} extra runs: {[n for n, c in runs.items() if c > 1][:20]}"
+    assert set(runs) == set(range(total))
+    assert max(runs.values()) == 1
+    assert state_counts(app) == Counter(succeeded=total)
+    # The work was shared: every process ran some of it.
+    pids = Counter(pid for _, pid, _ in rows)
+    assert set(pids) == {w.pid for w in workers}, pids
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    for w in workers:
+        assert w.wait(20) == 0, w.tail()
+        assert not w.events("job.rejected") and not w.events("job.lease_lost"), w.tail()
+
+
+# -- 2. kill -9 mid-job: the lease expires and the job runs elsewhere ---------------------------
+
+
+def test_kill9_worker_mid_slow_jobs_they_run_again_elsewhere_and_all_succeed(
+    app: App, db_url: str, fleet: Fleet
+) -> None:
+    """``kill -9`` one worker while it runs slow jobs. After its leases expire the other
+    worker runs them again; every job ends succeeded, every n is in the ledger, and each
+    interrupted job was re-run by the survivor (attempts 2, one lease_expired error)."""
+    victim = fleet.start(concurrency=2)
+    ids = app.enqueue_many(Enqueue(proc_app.slow_record, args=(n, 1.5)) for n in range(8))
+    # Only the victim runs at first, so it surely holds jobs when it dies.
+    wait_for(lambda: len([r for r in ledger(db_url, "start") if r[1] == victim.pid]) >= 2, 20,
+             "the victim to start two jobs")
+    survivor = fleet.start(concurrency=2)
+    victim.signal(signal.SIGKILL)
+    assert victim.wait(10) == -signal.SIGKILL
+
+    started = {n for n, pid, _ in ledger(db_url, "start") if pid == victim.pid}
+    finished = {n for n, pid, _ in ledger(db_url, "done") if pid == victim.pid}
+    interrupted = started - finished
+    assert interrupted, "the victim finished its jobs before it was killed"
+
+    wait_for(lambda: state_counts(app)["succeeded"] == len(ids), 40,
+             f"all jobs to succeed (now {dict(state_counts(app))})", interval=0.2)
+    done = ledger(db_url)
+    assert {n for n, _, _ in done} == set(range(8)), "a job was lost"
+    assert state_counts(app) == Counter(succeeded=len(ids))
+    for n in interrupted:
+        job = app.get_job(ids[n])
+        assert job.attempts == 2, job
+        assert error_kinds(job) == ["lease_expired"], job.errors
+        assert [pid for m, pid, _ in done if m == n] == [survivor.pid]
+    survivor.signal(signal.SIGTERM)
+    assert survivor.wait(20) == 0, survivor.tail()
+
+
+# -- 3. SIGSTOP past the lease: the zombie's late completion is rejected ------------------------
+
+
+@pytest.mark.parametrize("resume", ["after_rerun_succeeded", "while_rerun_runs"])
+def test_sigstop_worker_past_its_lease_job_completes_elsewhere_and_zombie_write_is_rejected(
+    app: App, db_url: str, fleet: Fleet, resume: str
+) -> None:
+    """SIGSTOP a worker while it runs a job, for longer than its lease. Housekeeping
+    re-offers the job and another worker runs it. SIGCONT the stopped worker after the
+    re-run succeeded, or while the re-run still runs (the job is ``running`` again, under
+    another lease token). Either way the resumed worker's late completion is rejected
+    (job.rejected or job.lease_lost in its log), and the job ends succeeded with exactly
+    one success: attempts 2, one lease_expired error."""
+    seconds = 1.0 if resume == "after_rerun_succeeded" else 3.0
+    zombie = fleet.start(concurrency=1)
+    job = app.enqueue(proc_app.stall, args=[1, seconds])
+    wait_for(lambda: any(pid == zombie.pid for _, pid, _ in ledger(db_url, "start")), 20,
+             "the first worker to start the job")
+    for _ in range(50):
+        zombie.signal(signal.SIGSTOP)
+        # A process stopped inside a write transaction would block everybody (SQLite's
+        # one writer; a row lock in Postgres): not what this test is about, so retry.
+        if not database_blocked(db_url, job.id):
+            break
+        zombie.signal(signal.SIGCONT)
+        time.sleep(0.02)
+    else:
+        pytest.fail("could not stop the worker outside a write transaction")
+
+    rescuer = fleet.start(concurrency=1)
+    if resume == "while_rerun_runs":
+        wait_for(lambda: any(pid == rescuer.pid for _, pid, _ in ledger(db_url, "start")), 30,
+                 "another worker to start the job again")
+        rerun = app.get_job(job.id)
+        assert (rerun.state, rerun.attempts) == ("running", 2), rerun
+        assert f":{rescuer.pid}:" in (rerun.lease_owner or "")
+        zombie.signal(signal.SIGCONT)
+        # The zombie's stall ends (at `seconds` after it began) before the re-run's does.
+        wait_for(lambda: zombie.events("job.rejected", job.id) or zombie.events("job.lease_lost", job.id),
+                 15, "the resumed worker to log its lost lease / rejected completion")
+        assert app.get_job(job.id).state == "running", "the zombie completed the re-run job"
+    done = wait_for(lambda: (j := app.get_job(job.id)).state == "succeeded" and j, 30,
+                    "the other worker to complete the job")
+    assert sorted(pid for _, pid, _ in ledger(db_url, "start")) == sorted([zombie.pid, rescuer.pid])
+    assert done.attempts == 2
+    if resume == "after_rerun_succeeded":
+        zombie.signal(signal.SIGCONT)
+        wait_for(lambda: zombie.events("job.rejected", job.id) or zombie.events("job.lease_lost", job.id),
+                 15, "the resumed worker to log its lost lease / rejected completion")
+
+    final = app.get_job(job.id)
+    assert final.state == "succeeded"
+    assert final.attempts == 2
+    assert error_kinds(final) == ["lease_expired"], final.errors
+    assert final.finished_at == done.finished_at and final.result == done.result
+    successes = [(p.pid, e) for p in (zombie, rescuer) for e in p.events("job.succeeded", job.id)]
+    assert [pid for pid, _ in successes] == [rescuer.pid], successes
+    for p in (zombie, rescuer):
+        p.signal(signal.SIGTERM)
+    for p in (zombie, rescuer):
+        assert p.wait(20) == 0, p.tail()
+
+
+# -- 4. SIGTERM: graceful shutdown ---------------------------------------------------------------
+
+
+def test_sigterm_mid_work_inflight_jobs_finish_in_grace_exit_0_prefetched_jobs_released(
+    app: App, db_url: str, fleet: Fleet
+) -> None:
+    """SIGTERM a worker that runs two slow jobs and holds more it prefetched. The two
+    in-flight jobs finish within the grace period (their ledger rows exist, they are
+    succeeded), the process exits 0, and no job is left running: the unstarted ones are
+    ready again with their attempt refunded."""
+    grace = 8.0
+    w = fleet.start(concurrency=2, grace=grace)
+    # Very fast jobs first: the worker learns that jobs are quick (its moving average of
+    # durations) and claims the next ones in a batch, more than its two slots can start.
+    warm = app.enqueue_many(Enqueue(proc_app.noop) for _ in range(300))
+    wait_for(lambda: state_counts(app)["succeeded"] == len(warm), 30, "the warm-up jobs")
+
+    ids = app.enqueue_many(Enqueue(proc_app.slow_record, args=(n, 2.0)) for n in range(30))
+    wait_for(lambda: len(ledger(db_url, "start")) >= 2, 20, "two slow jobs to start")
+    held = len(running_jobs_of(app, w))
+    w.signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    rc = w.wait(grace + 10)
+    elapsed = time.monotonic() - t0
+    assert rc == 0, w.tail()
+    assert elapsed < grace, f"exit took {elapsed:.1f}s, the in-flight jobs need ~2s"
+
+    started = {n for n, _, _ in ledger(db_url, "start")}
+    finished = {n for n, _, _ in ledger(db_url, "done")}
+    assert len(started) == 2
+    assert finished == started, "an in-flight job did not finish within the grace period"
+    assert held > len(started), f"nothing was prefetched (held {held}): the release is untested"
+    for n, job_id in enumerate(ids):
+        job = app.get_job(job_id)
+        if n in started:
+            assert (job.state, job.attempts) == ("succeeded", 1), job
+        else:
+            assert (job.state, job.attempts, job.lease_owner) == ("ready", 0, None), job
+    assert state_counts(app)["running"] == 0
+    assert w.events("worker.stopped")
+
+
+@pytest.mark.parametrize("how", ["grace_runs_out", "second_sigterm"])
+def test_sigterm_with_jobs_longer_than_grace_exits_0_and_releases_them_to_ready(
+    app: App, db_url: str, fleet: Fleet, how: str
+) -> None:
+    """SIGTERM a worker whose two in-flight jobs need 3 s, when the grace period (1 s) runs
+    out, or on a second SIGTERM (grace 30 s): the process exits 0 at once and the jobs are
+    released, ready again at once (their attempt counted), not left running until their
+    lease expires; another worker then completes them."""
+    grace = 1.0 if how == "grace_runs_out" else 30.0
+    w = fleet.start(concurrency=2, grace=grace, lease=30.0, heartbeat=1.0)
+    ids = app.enqueue_many(Enqueue(proc_app.slow_record, args=(n, 3.0)) for n in range(2))
+    wait_for(lambda: len(ledger(db_url, "start")) == 2, 20, "both jobs to start")
+    w.signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    if how == "second_sigterm":
+        time.sleep(0.3)
+        w.signal(signal.SIGTERM)
+    rc = w.wait(15)
+    elapsed = time.monotonic() - t0
+    assert rc == 0, w.tail()
+    # The stop must honour the grace: the time to exit may not grow with the number of
+    # slots still stuck in a task (nothing may wait on them once their jobs are released).
+    assert elapsed < 2.5, (
+        f"exit took {elapsed:.1f}s after the first SIGTERM (grace {grace:g}s"
+        + (", second SIGTERM after 0.3s)" if how == "second_sigterm" else ")")
+    )
+    assert w.events("worker.released"), w.tail()
+    for job_id in ids:
+        job = app.get_job(job_id)
+        assert (job.state, job.attempts, job.lease_owner) == ("ready", 1, None), job
+    assert not ledger(db_url, "done")
+
+    other = fleet.start(concurrency=2)
+    wait_for(lambda: state_counts(app)["succeeded"] == 2, 20, "another worker to run the jobs")
+    assert sorted(n for n, pid, _ in ledger(db_url) if pid == other.pid) == [0, 1]
+    assert [app.get_job(i).attempts for i in ids] == [2, 2]
+
+
+def test_sigterm_while_draining_a_busy_queue_exits_0_and_leaves_no_job_running(
+    app: App, db_url: str, fleet: Fleet
+) -> None:
+    """SIGTERM a worker while it drains a long queue of quick jobs (so it is claiming
+    batches all the time). It exits 0, and right afterwards no job is running: every job
+    it claimed was run and acked, or released (ready, attempt refunded); none is left to
+    wait for its lease (30 s here) to expire, an attempt spent."""
+    total = 20_000
+    app.enqueue_many(Enqueue(proc_app.noop) for _ in range(total))
+    w = fleet.start(concurrency=2, lease=30.0, heartbeat=1.0)
+    wait_for(lambda: state_counts(app)["succeeded"] >= 2000, 30, "the worker to get going")
+    w.signal(signal.SIGTERM)
+    assert w.wait(20) == 0, w.tail()
+    counts = state_counts(app)
+    stranded = app.list_jobs(state="running", limit=1000)
+    assert counts["running"] == 0, (
+        f"{counts['running']} jobs left running by the stopped worker "
+        f"(owners {Counter(j.lease_owner for j in stranded)}, its owner "
+        f"{w.events('worker.started')[0]['owner']}); states {dict(counts)}"
+    )
+    assert counts["succeeded"] + counts["ready"] == total
+    assert all(j.attempts == 0 for j in app.list_jobs(state="ready", limit=1000))
+
+
+# -- 5. a crash loop ends dead ---------------------------------------------------------------------
+
+
+def test_task_that_sigkills_its_worker_every_attempt_ends_dead_after_3_attempts(
+    app: App, db_url: str, fleet: Fleet
+) -> None:
+    """A task SIGKILLs its own worker on every attempt (max_attempts 3) while this test
+    restarts killed workers, like a process supervisor. The job ends dead after exactly 3
+    attempts (3 lease_expired errors, 3 dead workers) instead of looping forever, and the
+    other jobs all succeed."""
+    for _ in range(2):
+        fleet.start(concurrency=2, ready=False)
+    job = app.enqueue(proc_app.crash_worker)
+    others = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(50))
+    deaths = 0
+
+    def supervise() -> None:
+        nonlocal deaths
+        for p in list(fleet.procs):
+            if p.popen.returncode is None and p.popen.poll() is not None:
+                assert p.popen.returncode == -signal.SIGKILL, p.tail()
+                deaths += 1
+                fleet.start(concurrency=2, ready=False)
+
+    def dead() -> Job | None:
+        supervise()
+        j = app.get_job(job.id)
+        return j if j.state == "dead" else None
+
+    final = wait_for(dead, 60, "the crashing job to end dead", interval=0.1)
+    time.sleep(0.5)
+    supervise()
+    assert final.attempts == 3
+    assert error_kinds(final) == ["lease_expired"] * 3, final.errors
+    assert deaths == 3
+    wait_for(lambda: all(app.get_job(i).state == "succeeded" for i in others), 30,
+             "the other jobs to succeed")
+    assert {n for n, _, _ in ledger(db_url)} == set(range(50))
+    # Nobody claims the dead job again.
+    time.sleep(LEASE)
+    supervise()
+    assert app.get_job(job.id).attempts == 3
+    assert deaths == 3
+
+
+# -- 6. timeouts -------------------------------------------------------------------------------
+
+
+def test_job_past_its_timeout_is_failed_retried_and_dead_while_worker_serves_others(
+    app: App, db_url: str, fleet: Fleet
+) -> None:
+    """Tasks with a 1 s timeout sleep 5 s (a sync one, whose thread cannot be stopped,
+    and an async one). Each attempt is failed as a timeout and retried, and the jobs end
+    dead after max_attempts (3 errors of kind timeout); meanwhile the same worker (2 slots,
+    both stuck at first) keeps running other jobs."""
+    w = fleet.start(concurrency=2)
+    sync_job = app.enqueue(proc_app.overrun, args=[1, 5.0])
+    async_job = app.enqueue(proc_app.async_overrun, args=[2, 5.0])
+    assert (sync_job.timeout, async_job.timeout, sync_job.max_attempts) == (1.0, 1.0, 3)
+    wait_for(lambda: len(ledger(db_url, "start")) >= 2, 20, "both overrunning jobs to start")
+    t0 = time.monotonic()
+    quick = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(100, 150))
+    wait_for(lambda: all(app.get_job(i).state == "succeeded" for i in quick), 20,
+             "the quick jobs to succeed")
+    # Served while the first sync attempt's thread still sleeps (it started before t0).
+    assert time.monotonic() - t0 < 4.5
+
+    for job in (sync_job, async_job):
+        final = wait_for(lambda j=job: (x := app.get_job(j.id)).state == "dead" and x, 30,
+                         f"job {job.task} to end dead")
+        assert final.attempts == 3, final
+        assert error_kinds(final) == ["timeout"] * 3, final.errors
+        assert len(w.events("job.timeout", job.id)) == 3, w.tail()
+    assert not w.events("job.succeeded", sync_job.id) and not w.events("job.succeeded", async_job.id)
+    w.signal(signal.SIGTERM)
+    assert w.wait(20) == 0, w.tail()
+    assert app.get_job(sync_job.id).state == "dead"
+
+
+# -- 7. one key, many producers ------------------------------------------------------------------
+
+
+def test_concurrent_enqueues_of_one_key_from_8_processes_create_exactly_one_live_job(
+    app: App, db_url: str
+) -> None:
+    """8 processes, each with an App of its own, enqueue one key 50 times each at once (no
+    process is killed). Exactly one job exists; every call returned it, all but the first
+    as a duplicate."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        start = manager.Barrier(8)
+        with ctx.Pool(8) as pool:
+            pending = pool.starmap_async(proc_app.enqueue_same_key,
+                                         [(db_url, "the-one-key", 50, start)] * 8)
+            results = [r for per_process in pending.get(timeout=120) for r in per_process]
+    assert len(results) == 400
+    assert len({job_id for job_id, _ in results}) == 1, Counter(i for i, _ in results)
+    assert sum(1 for _, dup in results if not dup) == 1
+    jobs = app.list_jobs(limit=100)
+    assert len(jobs) == 1
+    assert jobs[0].key == "the-one-key" and jobs[0].state == "ready"
+
+
+# -- 8. stopping a worker, then closing its app (what `justonce worker` does on SIGTERM) ---------
+
+STOP_THEN_CLOSE = """
+import sys, threading, time
+import justonce
+
+url, rounds = sys.argv[1], int(sys.argv[2])
+late = 0
+for _ in range(rounds):
+    app = justonce.App(url)
+    app.migrate()
+    w = justonce.Worker(app, concurrency=1, lease=1.0, heartbeat=0.01, poll=0.05,
+                        housekeeping_interval=0.001)
+    w.start()
+    time.sleep(0.03)
+    w.stop()
+    assert w.join(10)
+    alive = [t.name for t in threading.enumerate()  # the worker's own threads
+             if t.name.startswith(("justonce-slot-", "justonce-acker", "justonce-supervisor",
+                                   "justonce-housekeeper"))]
+    late += bool(alive)
+    app.close()  # `justonce worker` closes the app as soon as Worker.run() returns
+    time.sleep(0.02)
+print(f"rounds with worker threads alive after join(): {late}")
+sys.exit(3 if late else 0)
+"""
+
+
+def test_stopped_worker_then_app_close_exits_cleanly_no_thread_outlives_run(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Stop a worker and close its App, as ``justonce worker`` does when SIGTERM makes
+    Worker.run() return; 40 rounds in one process. Must: once run()/join() returned no
+    thread of the worker still runs (none can touch the closed backend), and the process
+    exits 0 with no traceback. (Seen in the SIGTERM tests: a worker exiting with SIGSEGV
+    after "worker stopped", its housekeeper inside sqlite3 while the main thread closed
+    the connection.)"""
+    proc = subprocess.run([sys.executable, "-c", STOP_THEN_CLOSE, db_url, "40"], cwd=tmp_path,
+                          env={**os.environ, "PYTHONFAULTHANDLER": "1"}, capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit status {proc.returncode}:\n{out[-3000:]}"
+    assert "Traceback" not in out and "failed" not in out, out[-3000:]
