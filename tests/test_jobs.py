@@ -367,3 +367,29 @@ def test_task_enqueue_many_takes_tuples_and_dicts_with_shared_options(tapp: App)
     now_ids = add.enqueue_many([(7, 7)] * 50)
     assert now_ids == sorted(now_ids) and len(set(now_ids)) == 50
     assert len(claim(tapp, limit=100)) == 50
+
+
+def test_concurrent_bulk_enqueues_of_the_same_keys_in_opposite_orders_do_not_deadlock(
+    db_url: str,
+) -> None:
+    apps = [App(db_url) for _ in range(2)]
+    apps[0].migrate()
+    for a in apps:
+        make_tasks(a)
+    keys = [f"k{i}" for i in range(3000)]
+    orders = [keys, list(reversed(keys))]
+    for _ in range(3):
+        barrier = threading.Barrier(2)
+
+        def run(i: int) -> list[int]:
+            barrier.wait()
+            return apps[i].enqueue_many([Enqueue("add", args=(1, 1), key=k) for k in orders[i]])
+
+        with ThreadPoolExecutor(2) as pool:
+            a, b = pool.map(run, range(2))
+        assert sorted(a) == sorted(b)  # the same 3,000 jobs, whoever inserted them
+        for job_id in a[:10]:
+            apps[0].cancel(job_id)
+        apps[0].backend.jobs_prune(0, 0)
+    for a in apps:
+        a.close()

@@ -50,6 +50,8 @@ BAD_CALLS = [
     ("NUL in args", dict(args=["a\x00b"]), InvalidArguments),
     ("NUL in kwargs", dict(kwargs={"k": "\x00"}), InvalidArguments),
     ("NUL in key", dict(key="a\x00"), InvalidName),
+    ("lone surrogate in args", dict(args=["\ud800"]), InvalidArguments),
+    ("run_at in year 9999", dict(run_at=datetime(9999, 1, 1).astimezone()), InvalidOption),
     ("oversize payload", dict(args=["x" * (MAX_PAYLOAD_BYTES + 1)]), PayloadTooLarge),
     ("empty queue", dict(queue=""), InvalidName),
     ("queue with spaces", dict(queue="my queue"), InvalidName),
@@ -189,3 +191,22 @@ def test_bulk_enqueue_of_many_jobs_each_under_the_limit_is_accepted(vapp: App) -
     # Together far over the per-job limit, each one under it.
     ids = vapp.tasks["t"].enqueue_many([("x" * 100_000,)] * 5)
     assert len(ids) == 5
+
+
+def test_look_ups_and_waits_refuse_bad_values(vapp: App) -> None:
+    with pytest.raises(InvalidOption):
+        vapp.list_jobs(state="sleeping")
+    with pytest.raises(InvalidOption):
+        vapp.get_job(2**70)
+    job = vapp.enqueue("t")
+    for bad in ({"poll": -1}, {"timeout": None}, {"timeout": "soon"}):
+        with pytest.raises(InvalidOption):
+            vapp.wait(job.id, **bad)
+
+
+def test_transactional_enqueue_refuses_something_that_is_not_a_connection(vapp: App) -> None:
+    with pytest.raises(InvalidOption, match="conn must be"):
+        vapp.enqueue("t", conn=object())
+    with pytest.raises(InvalidOption, match="conn must be"):
+        vapp.tasks["t"].app.enqueue_calls("t", [(1,)], conn="dsn")
+    assert_nothing_written(vapp)

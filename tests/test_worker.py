@@ -214,7 +214,9 @@ def test_grace_period_over_releases_the_running_job(app: App) -> None:
 def test_worker_rejects_bad_options(app: App) -> None:
     for bad in ({"concurrency": 0}, {"concurrency": "4"}, {"lease": -1}, {"lease": 1, "heartbeat": 2},
                 {"queues": []}, {"queues": "default"}, {"queues": ["bad name"]}, {"prefetch": 0},
-                {"grace": -1}, {"poll": 0}):
+                {"grace": -1}, {"grace": "x"}, {"poll": 0}, {"ack_batch": 0}, {"ack_interval": 0},
+                {"heartbeat": 1e-9}, {"lease": 1e300}, {"keep_dead": -1},
+                {"housekeeping_interval": 0}):
         with pytest.raises(ValidationError):
             Worker(app, **bad)
 
@@ -235,3 +237,70 @@ def test_closing_the_app_right_after_stop_leaves_running_threads_their_connectio
         app.close()  # no join first, on purpose
         assert w.join(15)
     assert app.queue_counts()  # the app reopens its database after close
+
+
+def test_nothing_a_task_does_strands_its_job(app: App, worker_factory) -> None:
+    """A broken custom backoff, sys.exit() in a task, a result too deep to encode, a result
+    or an error with a NUL character: every job still ends in a recorded state, and the
+    worker goes on serving."""
+    import sys
+
+    @app.task(name="bad_backoff", max_attempts=2, backoff=lambda: 1)  # type: ignore[arg-type]
+    def bad_backoff() -> None:
+        raise RuntimeError("first")
+
+    @app.task(name="exits", max_attempts=1)
+    def exits() -> None:
+        sys.exit(3)
+
+    @app.task(name="deep")
+    def deep() -> list:
+        value: list = []
+        for _ in range(100_000):
+            value = [value]
+        return value
+
+    @app.task(name="nul_result")
+    def nul_result() -> str:
+        return "a\x00b"
+
+    @app.task(name="nul_error", max_attempts=1)
+    def nul_error() -> None:
+        raise ValueError("bad \x00 byte")
+
+    @app.task(name="fine")
+    def fine() -> str:
+        return "ok"
+
+    jobs = {t: app.enqueue(t) for t in ("bad_backoff", "exits", "deep", "nul_result", "nul_error")}
+    worker_factory(concurrency=2)
+    first = app.wait(jobs["bad_backoff"].id, 20)
+    assert first.state is JobState.DEAD and "backoff failed" in first.errors[0]["error"]
+    assert app.wait(jobs["exits"].id, 10).state is JobState.DEAD
+    for name in ("deep", "nul_result"):
+        done = app.wait(jobs[name].id, 10)
+        assert done.state is JobState.SUCCEEDED and "result dropped" in done.last_error, done
+    failed = app.wait(jobs["nul_error"].id, 10)
+    assert failed.state is JobState.DEAD and "bad \\x00 byte" in failed.last_error
+    assert app.wait(app.enqueue("fine").id, 10).result == "ok"
+
+
+def test_cancelling_a_hung_sync_job_frees_its_slot(app: App, worker_factory) -> None:
+    release = threading.Event()
+
+    @app.task(name="hang")
+    def hang() -> None:
+        release.wait(30)
+
+    @app.task(name="after")
+    def after() -> str:
+        return "served"
+
+    job = app.enqueue("hang")
+    worker_factory(concurrency=1, heartbeat=0.2)
+    deadline = time.monotonic() + 10
+    while app.get_job(job.id).state is not JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    app.cancel(job.id)
+    assert app.wait(app.enqueue("after").id, 10).result == "served"
+    release.set()

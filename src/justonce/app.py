@@ -197,7 +197,12 @@ class App:
         self, *, state: str | JobState | None = None, queue: str | None = None,
         task: str | None = None, limit: int = 50,
     ) -> list[Job]:
-        st = JobState(state).value if state is not None else None
+        try:
+            st = JobState(state).value if state is not None else None
+        except ValueError:
+            raise InvalidOption(
+                f"state must be one of {', '.join(x.value for x in JobState)}, not {state!r}"
+            ) from None
         if not isinstance(limit, int) or not 1 <= limit <= 10000:
             raise InvalidOption("limit must be in [1, 10000]")
         return self.backend.job_list(state=st, queue=queue, task=task, limit=limit)
@@ -227,6 +232,8 @@ class App:
 
     def wait(self, job_id: int, timeout: float = 30.0, poll: float = 0.05) -> Job:
         """Poll until the job is finished (succeeded, dead or cancelled) or ``timeout``."""
+        timeout = validate.bounded(timeout, "timeout", 0, 86400)
+        poll = validate.bounded(poll, "poll", 0.001, 60)
         deadline = time.monotonic() + timeout
         while True:
             job = self.get_job(job_id)
@@ -250,6 +257,4 @@ def _split(call: Any) -> tuple[Any, Any]:
 
 
 def _job_id(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidOption(f"job id must be a positive integer, not {value!r}")
-    return value
+    return validate.job_id(value)

@@ -219,7 +219,7 @@ def _print_job(job: Job) -> None:
 
 
 @jobs.command("show")
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=click.IntRange(1, 2**63 - 1))
 @database_option
 def jobs_show(job_id: int, database_url: str | None) -> None:
     """Everything about one job, with its history of failed attempts."""
@@ -227,7 +227,7 @@ def jobs_show(job_id: int, database_url: str | None) -> None:
 
 
 @jobs.command("retry")
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=click.IntRange(1, 2**63 - 1))
 @database_option
 def jobs_retry(job_id: int, database_url: str | None) -> None:
     """Make a dead or cancelled job ready again."""
@@ -236,7 +236,7 @@ def jobs_retry(job_id: int, database_url: str | None) -> None:
 
 
 @jobs.command("cancel")
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=click.IntRange(1, 2**63 - 1))
 @database_option
 def jobs_cancel(job_id: int, database_url: str | None) -> None:
     """Cancel a scheduled, ready or running job."""

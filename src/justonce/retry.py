@@ -32,5 +32,8 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        raw = min(self.cap, self.base * self.factor ** max(0, attempt - 1))
+        try:
+            raw = min(self.cap, self.base * self.factor ** max(0, attempt - 1))
+        except OverflowError:
+            raw = self.cap
         return raw * random.uniform(1 - self.jitter, 1 + self.jitter)

@@ -10,7 +10,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .errors import InvalidArguments, InvalidName, InvalidOption, PayloadTooLarge
@@ -60,7 +60,7 @@ def optional_key(value: Any, what: str = "key") -> str | None:
 
 # One encoder for every call: json.dumps with options builds a new encoder each time, which
 # costs more than encoding a small argument list.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
 def _dumps(value: Any, what: str) -> str:
@@ -74,8 +74,23 @@ def _dumps(value: Any, what: str) -> str:
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def _has_nul(text: str) -> bool:
-    return "\\u0000" in text and _NUL.search(text) is not None
+def _storable(text: str) -> bool:
+    """JSON text the databases can store: no NUL (Postgres text and jsonb refuse it) and
+    valid UTF-8 (no lone surrogates)."""
+    if "\\u0000" in text and _NUL.search(text) is not None:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _storable_size(text: str, what: str) -> int:
+    if not _storable(text):
+        raise InvalidArguments(f"{what} contain a NUL character or a lone surrogate, which the "
+                               "database cannot store")
+    return len(text.encode())
 
 
 def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
@@ -93,10 +108,7 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
         raise InvalidArguments(f"kwargs keys must be strings, got {bad[0]!r}")
     args_json = _dumps(list(args), "args")
     kwargs_json = _dumps(kwargs, "kwargs") if kwargs else "{}"
-    if _has_nul(args_json) or _has_nul(kwargs_json):
-        raise InvalidArguments("arguments contain a NUL character (\\u0000), which the database "
-                               "cannot store")
-    size = len(args_json.encode()) + len(kwargs_json.encode())
+    size = _storable_size(args_json, "arguments") + _storable_size(kwargs_json, "arguments")
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
             f"job arguments are {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
@@ -129,8 +141,8 @@ def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
         kwargs_doc = _ENCODER.encode(kwargs_list)
     except (TypeError, ValueError):
         args_doc = kwargs_doc = ""
-    if (not args_doc or _has_nul(args_doc) or _has_nul(kwargs_doc)
-            or len(args_doc) + len(kwargs_doc) > MAX_PAYLOAD_BYTES):
+    if not args_doc or not _storable(args_doc) or not _storable(kwargs_doc) or (
+            len(args_doc.encode()) + len(kwargs_doc.encode()) > MAX_PAYLOAD_BYTES):
         # Rare: find the job at fault (or check each job's size) one by one.
         for a, k in zip(args_list, kwargs_list, strict=True):
             arguments(a, k)
@@ -148,10 +160,13 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
         return None, None
     try:
         text = _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
-        return None, f"result dropped: not JSON-serialisable ({exc})"
-    if len(text) > MAX_RESULT_BYTES:
-        return None, f"result dropped: {len(text)} bytes over the {MAX_RESULT_BYTES} limit"
+    except (TypeError, ValueError, RecursionError) as exc:
+        return None, f"result dropped: not JSON-serialisable ({type(exc).__name__}: {exc})"
+    if not _storable(text):
+        return None, "result dropped: it contains a NUL character or a lone surrogate"
+    size = len(text.encode())
+    if size > MAX_RESULT_BYTES:
+        return None, f"result dropped: {size} bytes over the {MAX_RESULT_BYTES} limit"
     return text, None
 
 
@@ -177,6 +192,28 @@ def run_at(value: Any) -> datetime:
         raise InvalidOption(f"run_at must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidOption("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    # A sanity bound only (the caller's clock): the database's clock decides when it runs.
+    if value > datetime.now(UTC) + timedelta(seconds=MAX_DELAY_SECONDS):
+        raise InvalidOption(f"run_at {value.isoformat()} is more than 10 years ahead")
+    return value
+
+
+def error_text(text: str) -> str:
+    """Error text as the database can store it: NUL and lone surrogates escaped."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def bounded(value: Any, what: str, lo: float, hi: float) -> float:
+    seconds = _number(value, what)
+    if not lo <= seconds <= hi:
+        raise InvalidOption(f"{what} must be in [{lo:g}, {hi:g}], not {seconds:g}")
+    return seconds
+
+
+def job_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        raise InvalidOption(f"job id must be a positive 64-bit integer, not {value!r}")
     return value
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import validate
 from ..errors import NonRetryable
 from ..models import ClaimedJob, Completion, Failure
+from ..retry import Backoff
 
 if TYPE_CHECKING:
     from ..app import App
@@ -65,11 +66,14 @@ class AsyncRunner:
 
 
 def _error_text(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc))
-    head = f"{type(exc).__name__}: {exc}"
+    try:
+        text = "".join(traceback.format_exception(exc))
+        head = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        text = head = type(exc).__name__
     if len(text) > validate.MAX_ERROR_CHARS:
-        text = head + "\n…\n" + text[-(validate.MAX_ERROR_CHARS - len(head) - 3):]
-    return text
+        text = head[:1000] + "\n…\n" + text[-(validate.MAX_ERROR_CHARS - 1010):]
+    return validate.error_text(text)
 
 
 def _mismatch(task: Task, job: ClaimedJob) -> str | None:
@@ -120,7 +124,7 @@ class Executor:
                                   f"arguments do not match {job.task}{task.signature}: {mismatch}",
                                   final=True)
             return self._fail(job, start, "failed", task, _error_text(exc))
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from a task is a failure too
             return self._fail(job, start, "failed", task, _error_text(exc))
         result_json, note = validate.result_json(result)
         return Outcome(
@@ -134,8 +138,14 @@ class Executor:
         """The failure to record: retry after the task's backoff unless attempts are spent."""
         retry_in = None
         if not final and task is not None and job.attempts < job.max_attempts:
-            retry_in = task.retry_delay(job.attempts)
-        return Failure(job.id, job.lease_token, error, retry_in)
+            try:
+                retry_in = float(task.retry_delay(job.attempts))
+                if not 0 <= retry_in <= validate.MAX_DELAY_SECONDS:
+                    raise ValueError(f"backoff gave {retry_in!r} seconds")
+            except Exception as exc:  # noqa: BLE001 - a broken custom backoff
+                retry_in = Backoff().delay(job.attempts)
+                error += f"\n(the task's backoff failed: {exc!r}; used the default backoff)"
+        return Failure(job.id, job.lease_token, validate.error_text(error), retry_in)
 
     def _fail(
         self, job: ClaimedJob, start: float, kind: str, task: Task | None, error: str,

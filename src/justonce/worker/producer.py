@@ -58,7 +58,14 @@ class Producer:
                     done, queue, limit, self.owner, self.lease
                 )
             else:
-                jobs = self.backend.job_claim(queue, limit - len(got), self.owner, self.lease)
+                try:
+                    jobs = self.backend.job_claim(queue, limit - len(got), self.owner, self.lease)
+                except Exception:
+                    # Keep what the first statement committed (completions and claims);
+                    # the next fetch tries this queue again.
+                    if got or accepted:
+                        break
+                    raise
             got.extend(jobs)
             if len(got) >= limit:
                 break

@@ -103,17 +103,22 @@ class Worker:
             raise InvalidOption("queues must be a non-empty list of queue names")
         self.queues = [validate.queue_name(q) for q in queues]
         self.concurrency = concurrency
-        self.lease = validate.positive(lease, "lease")
-        self.heartbeat = validate.positive(heartbeat, "heartbeat") if heartbeat else self.lease / 3
+        self.lease = validate.bounded(lease, "lease", 0.1, 86400)
+        self.heartbeat = (validate.bounded(heartbeat, "heartbeat", 0.01, 86400)
+                          if heartbeat is not None else self.lease / 3)
         if self.heartbeat >= self.lease:
             raise InvalidOption("heartbeat must be shorter than the lease")
-        self.poll = validate.positive(poll, "poll")
-        self.grace = float(grace)
-        if self.grace < 0:
-            raise InvalidOption("grace must be >= 0")
-        self.listen = listen
-        self.ack_interval = ack_interval
+        self.poll = validate.bounded(poll, "poll", 0.001, 3600)
+        self.grace = validate.bounded(grace, "grace", 0, 86400)
+        self.listen = bool(listen)
+        self.ack_interval = validate.bounded(ack_interval, "ack_interval", 0.001, 60)
+        if isinstance(ack_batch, bool) or not isinstance(ack_batch, int) or not 1 <= ack_batch <= 100_000:
+            raise InvalidOption(f"ack_batch must be an integer in [1, 100000], not {ack_batch!r}")
         self.ack_batch = ack_batch
+        housekeeping_interval = validate.bounded(housekeeping_interval, "housekeeping_interval",
+                                                 0.01, 3600)
+        keep_succeeded = validate.bounded(keep_succeeded, "keep_succeeded", 0, 10 * 365 * 86400)
+        keep_dead = validate.bounded(keep_dead, "keep_dead", 0, 10 * 365 * 86400)
         self.owner = owner or default_owner()
         self.backend = app.backend
         self.producer = Producer(self.backend, self.queues, self.owner, self.lease, prefetch)
@@ -135,8 +140,8 @@ class Worker:
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self._ack_wake = threading.Event()
-        # Multi-row writes of this worker (ack flush, heartbeat, release) touch overlapping
-        # rows in different orders; run concurrently they deadlock in Postgres. One at a time.
+        # Heartbeat and release are multi-row writes over overlapping rows (unstarted jobs);
+        # run concurrently, in different orders, they deadlock in Postgres. One at a time.
         self._batch_write = threading.Lock()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -219,7 +224,12 @@ class Worker:
             held = self._next_job(slot)
             if held is None:
                 return
-            self._execute(held)
+            try:
+                self._execute(held)
+            except BaseException:  # our own bookkeeping failed: never strand the job
+                log.exception("slot failed; releasing its job", extra={
+                    "event": "slot.error", "job_id": held.job.id})
+                self._give_up(held)
             if slot.abandoned:
                 return  # a replacement slot took over while this one was stuck
 
@@ -230,7 +240,9 @@ class Worker:
                     if self._stopping:
                         return None
                     if self._ready:
-                        h = self._held[self._ready.popleft()]
+                        h = self._held.get(self._ready.popleft())
+                        if h is None:
+                            continue  # its lease was lost before it started
                         h.started = time.monotonic()
                         h.deadline = h.started + h.job.timeout
                         h.slot = slot
@@ -267,8 +279,7 @@ class Worker:
         transaction (one commit per batch instead of two)."""
         done = self._take_acks()
         try:
-            with self._batch_write:
-                accepted, jobs = self.producer.claim(self.producer.batch_size(free), done)
+            accepted, jobs = self.producer.claim(self.producer.batch_size(free), done)
         except Exception as exc:  # the fetching slot must survive anything the DB throws
             self._return_acks(done)
             log.warning("claim failed, retrying", extra={"event": "claim.error", "error": str(exc)},
@@ -313,6 +324,16 @@ class Worker:
             return
         assert outcome.failure is not None
         self._record_failure(h.job, outcome.failure, outcome.kind, outcome.duration)
+
+    def _give_up(self, h: _Held) -> None:
+        with self._cond:
+            h.lost = True
+            if self._held.get(h.job.id) is h:
+                del self._held[h.job.id]
+            if not (h.slot is not None and h.slot.abandoned) and h.started is not None:
+                self._running = max(0, self._running - 1)
+            self._cond.notify_all()
+        self._release([h.job], refund=False)
 
     def _record_failure(self, job: ClaimedJob, failure: Failure, kind: str, duration: float) -> None:
         state = None
@@ -369,8 +390,7 @@ class Worker:
         if not batch:
             return True
         try:
-            with self._batch_write:
-                accepted = self.backend.job_complete_many(batch)
+            accepted = self.backend.job_complete_many(batch)
         except Exception as exc:
             self._return_acks(batch)
             log.warning("could not record completions, retrying", extra={
@@ -381,13 +401,21 @@ class Worker:
         self._settle(batch, accepted)
         return True
 
+    def _forget(self, job_id: int, token: int) -> _Held | None:
+        """Drop the held entry of this claim (not of a later claim of the same job)."""
+        h = self._held.get(job_id)
+        if h is None or h.job.lease_token != token:
+            return None
+        del self._held[job_id]
+        return h
+
     def _settle(self, batch: list[Completion], accepted: set[int]) -> None:
         """Forget written completions and log each outcome (or its rejection)."""
         if not batch:
             return
         info = log.isEnabledFor(logging.INFO)
         with self._cond:
-            helds = [self._held.pop(c.id, None) for c in batch]
+            helds = [self._forget(c.id, c.lease_token) for c in batch]
             self._cond.notify_all()
         for c, h in zip(batch, helds, strict=True):
             if c.id in accepted:
@@ -429,10 +457,7 @@ class Worker:
                     if h.slot is not None and h.future is None:
                         # A sync task cannot be interrupted: leave its thread to finish on
                         # its own (its outcome will be discarded) and start a new slot.
-                        h.slot.abandoned = True
-                        self._running -= 1
-                        self._spawn(self._slot_loop, f"justonce-slot-{h.slot.index}r",
-                                    _Slot(h.slot.index))
+                        self._abandon(h.slot)
             for h in late:
                 self._held.pop(h.job.id, None)
         for h in late:
@@ -444,9 +469,18 @@ class Worker:
             )
             self._record_failure(h.job, failure, "timeout", now - (h.started or now))
 
+    def _abandon(self, slot: _Slot) -> None:
+        """Called with the lock held: count the slot's job out and start a replacement."""
+        slot.abandoned = True
+        self._running -= 1
+        self._spawn(self._slot_loop, f"justonce-slot-{slot.index}r", _Slot(slot.index))
+
     def _renew_leases(self) -> None:
+        # Jobs with an outcome waiting to be written are left out: their completion goes
+        # out within milliseconds, and leaving them out keeps this statement off the rows
+        # the ack writes touch (two multi-row updates in different orders deadlock).
         with self._cond:
-            pairs = [(i, h.job.lease_token) for i, h in self._held.items()]
+            pairs = [(i, h.job.lease_token) for i, h in self._held.items() if not h.finished]
         if not pairs:
             return
         try:
@@ -458,18 +492,22 @@ class Worker:
             return
         lost = []
         with self._cond:
-            for job_id, _ in pairs:
+            for job_id, token in pairs:
                 h = self._held.get(job_id)
-                if job_id in renewed or h is None or h.finished:
+                if job_id in renewed or h is None or h.finished or h.job.lease_token != token:
                     continue
                 h.lost = True
                 lost.append(h)
-                self._held.pop(job_id, None)
+                del self._held[job_id]
                 if h.started is None:
                     try:
                         self._ready.remove(job_id)
                     except ValueError:
                         pass
+                elif h.slot is not None and h.future is None and not h.slot.abandoned:
+                    # A sync task cannot be stopped; its outcome will be discarded. Hand
+                    # its slot's work to a new thread so a hung task cannot eat the slot.
+                    self._abandon(h.slot)
         for h in lost:
             self.stats.lost += 1
             if h.future is not None:
@@ -526,6 +564,12 @@ class Worker:
                 with self._cond:
                     if not self._acks:
                         break
+        with self._cond:
+            unwritten = len(self._acks)
+        if unwritten:
+            log.error("completions could not be written before stopping; their jobs will be "
+                      "re-offered when their leases expire", extra={
+                          "event": "worker.unwritten", "count": unwritten})
         self._closed.set()
         self._ack_wake.set()
         self._waiter.close()

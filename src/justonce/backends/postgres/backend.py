@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ...errors import ConfigurationError, DatabaseUnavailable, KeyConflict, SchemaError
+from ...errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidOption,
+    KeyConflict,
+    SchemaError,
+)
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
 from ...types import JobState
 from ..base import decode_arguments, job_from_row, load_queries, migration_files
@@ -71,6 +77,8 @@ class PostgresBackend:
             self.pool_size = int(extra.get("pool_size", 10))
         except ValueError:
             raise ConfigurationError("pool_size must be an integer") from None
+        if not 1 <= self.pool_size <= 1000:
+            raise ConfigurationError(f"pool_size must be in [1, 1000], not {self.pool_size}")
         self.channel = "justonce" if self.schema is None else f"justonce.{self.schema}"
         self.connect_timeout = connect_timeout
         self._kwargs: dict[str, Any] = {"autocommit": True}
@@ -194,9 +202,17 @@ class PostgresBackend:
             # The key's holder finished between our insert and our look-up: insert again.
         raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
 
+    def _caller_connection(self, conn: Any) -> psycopg.Connection:
+        if not isinstance(conn, psycopg.Connection):
+            raise InvalidOption(
+                f"conn must be an open psycopg.Connection to this database, not {type(conn).__name__}"
+            )
+        self._ensure_schema()
+        return conn
+
     def job_insert(self, job: NewJob, conn: Any = None) -> Job:
         if conn is not None:
-            self._ensure_schema()
+            self._caller_connection(conn)
             return self._insert_one(conn, job)
         with self._connection() as c:
             return self._insert_one(c, job)
@@ -218,8 +234,7 @@ class PostgresBackend:
         self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
     ) -> list[int]:
         if conn is not None:
-            self._ensure_schema()
-            return self._insert_batch(conn, template, args_doc, kwargs_doc)
+            return self._insert_batch(self._caller_connection(conn), template, args_doc, kwargs_doc)
         with self._connection() as c:
             return self._insert_batch(c, template, args_doc, kwargs_doc)
 
@@ -236,8 +251,9 @@ class PostgresBackend:
             rows_json = "[" + ",".join(_row_json(jobs[i]) for i in pending) + "]"
             cur.execute(Q["job_insert_many"], {"rows": rows_json, "channel": self.channel})
             rows = cur.fetchall()
-            # Identity values are drawn in insert order (ORDER BY ord), so the unkeyed rows'
-            # ids sorted ascending line up with the unkeyed jobs in input order.
+            # Identity values are drawn in insert order (ORDER BY key, ord: unkeyed rows come
+            # last, in input order), so the unkeyed rows' ids sorted ascending line up with
+            # the unkeyed jobs in input order; keyed rows are matched by key.
             by_key = {k: i for i, k, _ in rows if k is not None}
             unkeyed = iter(sorted(i for i, k, _ in rows if k is None))
             missing = []
@@ -269,8 +285,7 @@ class PostgresBackend:
         if not jobs:
             return []
         if conn is not None:
-            self._ensure_schema()
-            return self._insert_many(conn, jobs)
+            return self._insert_many(self._caller_connection(conn), jobs)
         with self._connection() as c, c.transaction():
             return self._insert_many(c, jobs)
 

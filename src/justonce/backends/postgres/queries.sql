@@ -46,7 +46,7 @@ WITH d AS (
     SELECT queue, task, args, kwargs,
            CASE WHEN due > now() THEN 'scheduled' ELSE 'ready' END,
            priority, due, max_attempts, timeout, key, partition_key
-      FROM d ORDER BY ord
+      FROM d ORDER BY key, ord  -- keys in one order: concurrent bulk inserts cannot deadlock
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
     DO NOTHING
     RETURNING id, key, state, queue

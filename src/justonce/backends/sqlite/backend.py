@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-from ...errors import ConfigurationError, DatabaseUnavailable, KeyConflict, SchemaError
+from ...errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidOption,
+    KeyConflict,
+    SchemaError,
+)
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
 from ...types import JobState
 from ..base import decode_arguments, job_from_row, load_queries, migration_files
@@ -156,6 +162,9 @@ class SQLiteBackend:
                 time.sleep(random.uniform(0.00005, 0.0005))
         try:
             result = fn(conn)
+        except sqlite3.OperationalError as exc:  # disk full, I/O error, lock trouble
+            conn.execute("ROLLBACK")
+            raise DatabaseUnavailable(f"SQLite: {exc}") from exc
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -236,10 +245,17 @@ class SQLiteBackend:
             # The holder finished between our insert and our look-up: insert again.
         raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
 
+    def _caller_connection(self, conn: Any) -> sqlite3.Connection:
+        if not isinstance(conn, sqlite3.Connection):
+            raise InvalidOption(
+                f"conn must be an open sqlite3.Connection to this database, not {type(conn).__name__}"
+            )
+        self._ensure_schema()
+        return conn
+
     def job_insert(self, job: NewJob, conn: Any = None) -> Job:
         if conn is not None:
-            self._ensure_schema()
-            return self._insert_one(conn, job)
+            return self._insert_one(self._caller_connection(conn), job)
         return self._write(lambda c: self._insert_one(c, job))
 
     def _insert_many(self, conn: Any, jobs: Sequence[NewJob]) -> list[int]:
@@ -263,8 +279,7 @@ class SQLiteBackend:
         if not jobs:
             return []
         if conn is not None:
-            self._ensure_schema()
-            return self._insert_many(conn, jobs)
+            return self._insert_many(self._caller_connection(conn), jobs)
         return self._write(lambda c: self._insert_many(c, jobs))
 
     def _insert_batch(self, conn: Any, j: NewJob, args_doc: str, kwargs_doc: str) -> list[int]:
@@ -277,8 +292,7 @@ class SQLiteBackend:
         self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
     ) -> list[int]:
         if conn is not None:
-            self._ensure_schema()
-            return self._insert_batch(conn, template, args_doc, kwargs_doc)
+            return self._insert_batch(self._caller_connection(conn), template, args_doc, kwargs_doc)
         return self._write(lambda c: self._insert_batch(c, template, args_doc, kwargs_doc))
 
     def job_get(self, job_id: int) -> Job | None:
