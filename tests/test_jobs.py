@@ -381,7 +381,7 @@ def test_concurrent_bulk_enqueues_of_the_same_keys_in_opposite_orders_do_not_dea
     for _ in range(3):
         barrier = threading.Barrier(2)
 
-        def run(i: int) -> list[int]:
+        def run(i: int, barrier: threading.Barrier = barrier) -> list[int]:
             barrier.wait()
             return apps[i].enqueue_many([Enqueue("add", args=(1, 1), key=k) for k in orders[i]])
 
