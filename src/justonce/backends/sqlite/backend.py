@@ -284,8 +284,9 @@ class SQLiteBackend:
 
     def _insert_batch(self, conn: Any, j: NewJob, args_doc: str, kwargs_doc: str) -> list[int]:
         params = self._job_params(j)
-        params.update(args=args_doc, kwargs=kwargs_doc)
-        del params["key"]
+        pairs = zip(json.loads(args_doc), json.loads(kwargs_doc), strict=True)
+        params["rows"] = json.dumps([[a, k] for a, k in pairs], separators=(",", ":"))
+        del params["key"], params["args"], params["kwargs"]
         return sorted(r[0] for r in conn.execute(Q["job_insert_batch"], params).fetchall())
 
     def job_insert_batch(

@@ -28,15 +28,16 @@ DO NOTHING
 RETURNING id
 
 -- name: job_insert_batch
--- One task, one set of options, no keys: one row per entry of the :args / :kwargs arrays.
+-- One task, one set of options, no keys: one row per [args, kwargs] pair of :rows (one
+-- array of pairs: joining two json_each tables would compare every row with every row).
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, partition_key, created_at)
-SELECT :queue, :task, a.value, k.value,
+SELECT :queue, :task, json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]'),
        CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
        :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :partition_key,
        NOW()
-  FROM json_each(:args) AS a JOIN json_each(:kwargs) AS k ON k.key = a.key
- ORDER BY a.key
+  FROM json_each(:rows) AS r
+ ORDER BY r.key
 RETURNING id
 
 -- name: job_live_by_key
