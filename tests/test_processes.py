@@ -579,7 +579,7 @@ for _ in range(rounds):
     app = justonce.App(url)
     app.migrate()
     w = justonce.Worker(app, concurrency=1, lease=1.0, heartbeat=0.01, poll=0.05,
-                        housekeeping_interval=0.001)
+                        housekeeping_interval=0.01)
     w.start()
     time.sleep(0.03)
     w.stop()
