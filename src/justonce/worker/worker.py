@@ -130,7 +130,10 @@ class Worker:
         )
         self.stats = WorkerStats()
 
-        self._cond = threading.Condition()
+        # Hot paths take the plain lock (a C-level context manager); the condition shares
+        # it for the few places that wait or notify.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._ready: deque[int] = deque()
         self._held: dict[int, _Held] = {}
         self._acks: list[Completion] = []
@@ -194,7 +197,7 @@ class Worker:
             if self._stop_requested.is_set():
                 log.warning("second signal: stopping now", extra={"event": "worker.kill"})
                 self._grace_override = 0.0
-                with self._cond:
+                with self._lock:
                     self._cond.notify_all()
             self.stop()
 
@@ -235,7 +238,7 @@ class Worker:
 
     def _next_job(self, slot: _Slot) -> _Held | None:
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     if self._stopping:
                         return None
@@ -260,7 +263,7 @@ class Worker:
                         break
                     self._cond.wait(0.5)
             jobs = self._fetch(free)
-            with self._cond:
+            with self._lock:
                 self._fetching = False
                 late: list[ClaimedJob] = []
                 if self._stopping:
@@ -293,12 +296,12 @@ class Worker:
 
     def _execute(self, h: _Held) -> None:
         def on_future(fut: concurrent.futures.Future[Any]) -> None:
-            with self._cond:
+            with self._lock:
                 h.future = fut
 
         outcome = self.executor.run(h.job, on_future)
         self.producer.observe(outcome.duration)
-        with self._cond:
+        with self._lock:
             if not (h.slot is not None and h.slot.abandoned):
                 self._running -= 1  # an abandoned slot was already counted out
             if self._stopping:
@@ -326,7 +329,7 @@ class Worker:
         self._record_failure(h.job, outcome.failure, outcome.kind, outcome.duration)
 
     def _give_up(self, h: _Held) -> None:
-        with self._cond:
+        with self._lock:
             h.lost = True
             if self._held.get(h.job.id) is h:
                 del self._held[h.job.id]
@@ -375,13 +378,13 @@ class Worker:
                 log.exception("ack round failed", extra={"event": "ack.error"})
 
     def _take_acks(self) -> list[Completion]:
-        with self._cond:
+        with self._lock:
             batch, self._acks = self._acks, []
         return batch
 
     def _return_acks(self, batch: list[Completion]) -> None:
         if batch:
-            with self._cond:
+            with self._lock:
                 self._acks[:0] = batch
 
     def _flush_acks(self) -> bool:
@@ -414,7 +417,7 @@ class Worker:
         if not batch:
             return
         info = log.isEnabledFor(logging.INFO)
-        with self._cond:
+        with self._lock:
             helds = [self._forget(c.id, c.lease_token) for c in batch]
             self._cond.notify_all()
         for c, h in zip(batch, helds, strict=True):
@@ -449,7 +452,7 @@ class Worker:
     def _check_timeouts(self) -> None:
         now = time.monotonic()
         late: list[_Held] = []
-        with self._cond:
+        with self._lock:
             for h in self._held.values():
                 if h.deadline is not None and not h.finished and not h.lost and now > h.deadline:
                     h.finished = True
@@ -479,7 +482,7 @@ class Worker:
         # Jobs with an outcome waiting to be written are left out: their completion goes
         # out within milliseconds, and leaving them out keeps this statement off the rows
         # the ack writes touch (two multi-row updates in different orders deadlock).
-        with self._cond:
+        with self._lock:
             pairs = [(i, h.job.lease_token) for i, h in self._held.items() if not h.finished]
         if not pairs:
             return
@@ -491,7 +494,7 @@ class Worker:
                         exc_info=not isinstance(exc, JustonceError))
             return
         lost = []
-        with self._cond:
+        with self._lock:
             for job_id, token in pairs:
                 h = self._held.get(job_id)
                 if job_id in renewed or h is None or h.finished or h.job.lease_token != token:
@@ -529,7 +532,7 @@ class Worker:
 
     # -- shutdown ----------------------------------------------------------------------
     def _shutdown(self) -> None:
-        with self._cond:
+        with self._lock:
             self._stopping = True
             unstarted = [self._held.pop(i) for i in self._ready if i in self._held]
             self._ready.clear()
@@ -537,7 +540,7 @@ class Worker:
         self._release([h.job for h in unstarted], refund=True)
         grace = self.grace if self._grace_override is None else self._grace_override
         deadline = time.monotonic() + grace
-        with self._cond:
+        with self._lock:
             while self._running > 0 or self._fetching:
                 left = deadline - time.monotonic()
                 if self._grace_override is not None:
@@ -561,10 +564,10 @@ class Worker:
         self._release(still_running, refund=False)
         for _ in range(20):
             if self._flush_acks():
-                with self._cond:
+                with self._lock:
                     if not self._acks:
                         break
-        with self._cond:
+        with self._lock:
             unwritten = len(self._acks)
         if unwritten:
             log.error("completions could not be written before stopping; their jobs will be "
