@@ -393,3 +393,13 @@ def test_concurrent_bulk_enqueues_of_the_same_keys_in_opposite_orders_do_not_dea
         apps[0].backend.jobs_prune(0, 0)
     for a in apps:
         a.close()
+
+
+def test_the_job_enqueue_returns_is_the_job_the_database_holds(tapp: App) -> None:
+    job = tapp.enqueue("add", [1, 2], {}, delay=60, priority=4, key="same-as-db",
+                       partition_key=7, max_attempts=3, timeout=9)
+    stored = tapp.get_job(job.id)
+    for field in ("id", "queue", "task", "args", "kwargs", "state", "priority", "attempts",
+                  "max_attempts", "timeout", "key", "partition_key", "run_at", "created_at",
+                  "errors", "result", "last_error", "started_at", "finished_at"):
+        assert getattr(job, field) == getattr(stored, field), field

@@ -180,6 +180,18 @@ JOB_COLUMNS = (
 )
 
 
+def job_from_insert(new: NewJob, job_id: int, state: str, run_at: datetime,
+                    created_at: datetime) -> Job:
+    """The Job just inserted, from what was sent and the four columns the insert returns
+    (returning every column cost about 8 % of a single enqueue)."""
+    return Job(
+        id=job_id, queue=new.queue, task=new.task, args=json.loads(new.args_json),
+        kwargs=json.loads(new.kwargs_json), state=JobState(state), priority=new.priority,
+        attempts=0, max_attempts=new.max_attempts, timeout=new.timeout, run_at=run_at,
+        created_at=created_at, key=new.key, partition_key=new.partition_key,
+    )
+
+
 def job_from_row(row: dict[str, Any], duplicate: bool = False) -> Job:
     """Build a Job from a row mapping whose JSON and time columns are already decoded."""
     return Job(

@@ -27,7 +27,13 @@ from ...errors import (
 )
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
 from ...types import JobState
-from ..base import decode_arguments, job_from_row, load_queries, migration_files
+from ..base import (
+    decode_arguments,
+    job_from_insert,
+    job_from_row,
+    load_queries,
+    migration_files,
+)
 
 try:
     import psycopg
@@ -189,14 +195,15 @@ class PostgresBackend:
 
     def _insert_one(self, conn: psycopg.Connection, job: NewJob) -> Job:
         params = self._job_params(job)
-        cur = conn.cursor(row_factory=dict_row)
+        cur = conn.cursor(row_factory=tuple_row)
+        look = conn.cursor(row_factory=dict_row)
         for _ in range(5):
             cur.execute(Q["job_insert"], params)
-            row = cur.fetchone()
-            if row is not None:
-                return job_from_row(row)
-            cur.execute(Q["job_live_by_keys"], {"keys": [job.key]})
-            row = cur.fetchone()
+            new = cur.fetchone()
+            if new is not None:
+                return job_from_insert(job, *new[:4])
+            look.execute(Q["job_live_by_keys"], {"keys": [job.key]})
+            row = look.fetchone()
             if row is not None:
                 return job_from_row(row, duplicate=True)
             # The key's holder finished between our insert and our look-up: insert again.

@@ -23,9 +23,10 @@ WITH v AS (
       FROM v
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
     DO NOTHING
-    RETURNING *
+    RETURNING id, state, run_at, created_at, queue
 )
-SELECT ins.*, CASE WHEN ins.state = 'ready' THEN pg_notify(%(channel)s, ins.queue) END
+SELECT id, state, run_at, created_at,
+       CASE WHEN ins.state = 'ready' THEN pg_notify(%(channel)s, ins.queue) END
   FROM ins
 
 -- name: job_insert_many

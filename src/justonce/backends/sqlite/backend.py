@@ -28,7 +28,13 @@ from ...errors import (
 )
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
 from ...types import JobState
-from ..base import decode_arguments, job_from_row, load_queries, migration_files
+from ..base import (
+    decode_arguments,
+    job_from_insert,
+    job_from_row,
+    load_queries,
+    migration_files,
+)
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -59,6 +65,10 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
 
 def _ts(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _epoch_dt(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
 
 
 def _epoch(value: datetime | None) -> float | None:
@@ -237,7 +247,7 @@ class SQLiteBackend:
             cur.execute(Q["job_insert"], params)
             row = cur.fetchone()
             if row is not None:
-                return job_from_row(_decode(_row_dict(cur, row)))
+                return job_from_insert(job, row[0], row[1], _epoch_dt(row[2]), _epoch_dt(row[3]))
             cur.execute(Q["job_live_by_key"], {"key": job.key})
             row = cur.fetchone()
             if row is not None:

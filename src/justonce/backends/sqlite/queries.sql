@@ -14,7 +14,7 @@ VALUES (:queue, :task, :args, :kwargs,
         :partition_key, NOW())
 ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
 DO NOTHING
-RETURNING *
+RETURNING id, state, run_at, created_at
 
 -- name: job_insert_id
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
