@@ -17,7 +17,7 @@ What is measured is the library as a user runs it:
   async methods (nothing else runs in the producer meanwhile), as the RQ adapter does.
 - worker: ``justonce.Worker(app, concurrency=K)`` with every other setting at the
   library default (15 s leases renewed by heartbeat, fenced lease tokens, adaptive claim
-  batches up to prefetch=100, acks batched every 20 ms, retries on, LISTEN/NOTIFY wake-up,
+  batches up to prefetch=250, acks batched every 20 ms, retries on, LISTEN/NOTIFY wake-up,
   housekeeping on). It runs in its own threads (``Worker.start()``); the adapter waits for
   the harness's stop event, then ``stop()`` + ``join()`` (graceful: in-flight jobs finish,
   buffered acks are flushed, unstarted prefetched jobs are released).

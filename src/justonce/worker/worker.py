@@ -81,13 +81,15 @@ class Worker:
     ``lease``: seconds a claim is valid without renewal; the worker renews every
     ``heartbeat`` s (default ``lease / 3``). A worker that dies loses its leases within
     ``lease`` s and housekeeping re-offers its jobs. ``grace``: seconds in-flight jobs get
-    to finish after a stop request before they are released.
+    to finish after a stop request before they are released. ``prefetch``: the most jobs
+    leased at once; the worker leases about 50 ms of work at a time (see Producer), so
+    only very short jobs reach it.
     """
 
     def __init__(
         self, app: App, *, queues: Sequence[str] | None = None, concurrency: int = 4,
         lease: float = 15.0, heartbeat: float | None = None, poll: float = 1.0,
-        grace: float = 30.0, listen: bool = True, prefetch: int = 100,
+        grace: float = 30.0, listen: bool = True, prefetch: int = 250,
         ack_interval: float = 0.02, ack_batch: int = 500, housekeeping: bool = True,
         housekeeping_interval: float = 1.0, keep_succeeded: float = 86400.0,
         keep_dead: float = 7 * 86400.0, owner: str | None = None,
