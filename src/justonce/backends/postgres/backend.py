@@ -11,7 +11,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -209,6 +209,17 @@ class PostgresBackend:
             # The key's holder finished between our insert and our look-up: insert again.
         raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
 
+    def _on(self, conn: Any, fn: Callable[[psycopg.Connection], T], atomic: bool = False) -> T:
+        """Run ``fn`` on the caller's connection, inside the caller's transaction, or on a
+        pooled connection (in a transaction of its own when ``atomic``)."""
+        if conn is not None:
+            return fn(self._caller_connection(conn))
+        with self._connection() as c:
+            if not atomic:
+                return fn(c)
+            with c.transaction():
+                return fn(c)
+
     def _caller_connection(self, conn: Any) -> psycopg.Connection:
         if not isinstance(conn, psycopg.Connection):
             raise InvalidOption(
@@ -218,11 +229,7 @@ class PostgresBackend:
         return conn
 
     def job_insert(self, job: NewJob, conn: Any = None) -> Job:
-        if conn is not None:
-            self._caller_connection(conn)
-            return self._insert_one(conn, job)
-        with self._connection() as c:
-            return self._insert_one(c, job)
+        return self._on(conn, lambda c: self._insert_one(c, job))
 
     def _insert_batch(
         self, conn: psycopg.Connection, j: NewJob, args_doc: str, kwargs_doc: str
@@ -240,10 +247,7 @@ class PostgresBackend:
     def job_insert_batch(
         self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
     ) -> list[int]:
-        if conn is not None:
-            return self._insert_batch(self._caller_connection(conn), template, args_doc, kwargs_doc)
-        with self._connection() as c:
-            return self._insert_batch(c, template, args_doc, kwargs_doc)
+        return self._on(conn, lambda c: self._insert_batch(c, template, args_doc, kwargs_doc))
 
     def _insert_many(self, conn: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
         first = jobs[0]
@@ -291,10 +295,7 @@ class PostgresBackend:
     def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
         if not jobs:
             return []
-        if conn is not None:
-            return self._insert_many(self._caller_connection(conn), jobs)
-        with self._connection() as c, c.transaction():
-            return self._insert_many(c, jobs)
+        return self._on(conn, lambda c: self._insert_many(c, jobs), atomic=True)
 
     def job_get(self, job_id: int) -> Job | None:
         rows = self._fetch("job_get", {"id": job_id}, dicts=True)
@@ -312,7 +313,7 @@ class PostgresBackend:
 
     def job_retry(self, job_id: int) -> Job | None:
         try:
-            rows = self._fetch("job_retry", {"id": job_id}, dicts=True)
+            rows = self._fetch("job_retry", {"id": job_id, "channel": self.channel}, dicts=True)
         except psycopg.errors.UniqueViolation as exc:
             raise KeyConflict(
                 f"job {job_id} cannot be retried: another live job holds its key"
@@ -355,7 +356,7 @@ class PostgresBackend:
     def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
         rows = self._fetch("job_fail", {
             "id": failure.id, "token": failure.lease_token, "error": failure.error,
-            "retry_in": failure.retry_in, "kind": kind,
+            "retry_in": failure.retry_in, "kind": kind, "channel": self.channel,
         })
         return JobState(rows[0][0]) if rows else None
 
@@ -368,7 +369,8 @@ class PostgresBackend:
     def job_release(self, held: Sequence[tuple[int, int]], refund: bool) -> set[int]:
         if not held:
             return set()
-        params = {"ids": [h[0] for h in held], "tokens": [h[1] for h in held], "refund": refund}
+        params = {"ids": [h[0] for h in held], "tokens": [h[1] for h in held], "refund": refund,
+                  "channel": self.channel}
         return {r[0] for r in self._fetch("job_release", params)}
 
     # -- housekeeping -------------------------------------------------------------------

@@ -145,6 +145,8 @@ SELECT 'claimed', id, queue, task, args, kwargs, attempts, max_attempts, timeout
   FROM claimed
 
 -- name: job_fail
+-- A retry due now is ready at once: wake idle workers for it.
+WITH up AS (
 UPDATE justonce_jobs
    SET state = CASE WHEN %(retry_in)s::float8 IS NULL OR attempts >= max_attempts THEN 'dead'
                     WHEN %(retry_in)s::float8 > 0 THEN 'scheduled'
@@ -160,7 +162,9 @@ UPDATE justonce_jobs
                     'retry_in', CASE WHEN attempts < max_attempts THEN %(retry_in)s::float8 END)),
        lease_owner = NULL, lease_expires_at = NULL
  WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
-RETURNING state
+RETURNING state, queue
+)
+SELECT state, CASE WHEN state = 'ready' THEN pg_notify(%(channel)s, queue) END FROM up
 
 -- name: job_heartbeat
 UPDATE justonce_jobs j
@@ -171,14 +175,18 @@ RETURNING j.id
 
 -- name: job_release
 -- Give leased jobs back untouched (graceful shutdown). %(refund)s: the job never started,
--- so its attempt does not count.
+-- so its attempt does not count. Released jobs are ready: wake idle workers.
+WITH up AS (
 UPDATE justonce_jobs j
    SET state = 'ready',
        attempts = CASE WHEN %(refund)s THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
        lease_owner = NULL, lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
  WHERE j.id = d.id AND j.lease_token = d.token AND j.state = (SELECT 'running'::text)
-RETURNING j.id
+RETURNING j.id, j.queue
+)
+SELECT id, (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT queue AS q FROM up) r)
+  FROM up
 
 -- name: job_cancel
 UPDATE justonce_jobs
@@ -187,11 +195,14 @@ UPDATE justonce_jobs
 RETURNING *
 
 -- name: job_retry
+WITH up AS (
 UPDATE justonce_jobs
    SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
        lease_owner = NULL, lease_expires_at = NULL
  WHERE id = %(id)s AND state IN ('dead','cancelled')
 RETURNING *
+)
+SELECT up.*, pg_notify(%(channel)s, up.queue) FROM up
 
 -- name: jobs_promote
 WITH due AS (

@@ -255,6 +255,13 @@ class SQLiteBackend:
             # The holder finished between our insert and our look-up: insert again.
         raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
 
+    def _on(self, conn: Any, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the caller's connection, inside the caller's transaction, or in a
+        write transaction of our own."""
+        if conn is not None:
+            return fn(self._caller_connection(conn))
+        return self._write(fn)
+
     def _caller_connection(self, conn: Any) -> sqlite3.Connection:
         if not isinstance(conn, sqlite3.Connection):
             raise InvalidOption(
@@ -264,9 +271,7 @@ class SQLiteBackend:
         return conn
 
     def job_insert(self, job: NewJob, conn: Any = None) -> Job:
-        if conn is not None:
-            return self._insert_one(self._caller_connection(conn), job)
-        return self._write(lambda c: self._insert_one(c, job))
+        return self._on(conn, lambda c: self._insert_one(c, job))
 
     def _insert_many(self, conn: Any, jobs: Sequence[NewJob]) -> list[int]:
         first = jobs[0]
@@ -288,9 +293,7 @@ class SQLiteBackend:
     def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
         if not jobs:
             return []
-        if conn is not None:
-            return self._insert_many(self._caller_connection(conn), jobs)
-        return self._write(lambda c: self._insert_many(c, jobs))
+        return self._on(conn, lambda c: self._insert_many(c, jobs))
 
     def _insert_batch(self, conn: Any, j: NewJob, args_doc: str, kwargs_doc: str) -> list[int]:
         params = self._job_params(j)
@@ -302,9 +305,7 @@ class SQLiteBackend:
     def job_insert_batch(
         self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
     ) -> list[int]:
-        if conn is not None:
-            return self._insert_batch(self._caller_connection(conn), template, args_doc, kwargs_doc)
-        return self._write(lambda c: self._insert_batch(c, template, args_doc, kwargs_doc))
+        return self._on(conn, lambda c: self._insert_batch(c, template, args_doc, kwargs_doc))
 
     def job_get(self, job_id: int) -> Job | None:
         rows = self._read(Q["job_get"], {"id": job_id})
