@@ -320,7 +320,7 @@ class Worker:
                     if len(self._acks) >= self.ack_batch:
                         self._ack_wake.set()
                     return
-                self._held.pop(h.job.id, None)
+                self._forget(h.job.id, h.job.lease_token)
         if discarded:
             log.warning("outcome discarded: the job's lease was lost or it timed out", extra={
                 "event": "job.discarded", "job_id": h.job.id, "task": h.job.task,
