@@ -235,10 +235,3 @@ def priority(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {value!r}")
     return value
-
-
-def positive(value: Any, what: str) -> float:
-    seconds = _number(value, what)
-    if seconds <= 0:
-        raise InvalidOption(f"{what} must be > 0, not {seconds:g}")
-    return seconds
