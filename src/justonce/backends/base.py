@@ -172,14 +172,6 @@ def migration_files(folder: Path) -> list[tuple[int, str, str]]:
     return out
 
 
-JOB_COLUMNS = (
-    "id", "queue", "task", "args", "kwargs", "state", "priority", "run_at", "attempts",
-    "max_attempts", "timeout", "key", "partition_key", "lease_owner", "lease_token",
-    "lease_expires_at", "last_error", "errors", "result", "created_at", "started_at",
-    "finished_at",
-)
-
-
 def job_from_insert(new: NewJob, job_id: int, state: str, run_at: datetime,
                     created_at: datetime) -> Job:
     """The Job just inserted, from what was sent and the four columns the insert returns

@@ -546,7 +546,7 @@ class Worker:
             while self._running > 0 or self._fetching:
                 left = deadline - time.monotonic()
                 if self._grace_override is not None:
-                    left = min(left, deadline - time.monotonic(), self._grace_override)
+                    left = min(left, self._grace_override)  # a second signal cuts it short
                 if left <= 0:
                     break
                 self._cond.wait(min(left, 0.1))

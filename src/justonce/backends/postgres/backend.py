@@ -278,8 +278,9 @@ class PostgresBackend:
                     missing.append(idx)
             if missing:
                 keys = [jobs[i].key for i in missing]
-                cur.execute(Q["job_live_by_keys"], {"keys": keys})
-                live = {r[JOB_KEY_COL]: r[0] for r in cur.fetchall()}
+                look = conn.cursor(row_factory=dict_row)
+                look.execute(Q["job_live_by_keys"], {"keys": keys})
+                live = {r["key"]: r["id"] for r in look.fetchall()}
                 still = []
                 for idx in missing:
                     if jobs[idx].key in live:
@@ -421,7 +422,6 @@ def _claimed(rows: list[Any]) -> list[ClaimedJob]:
     ]
 
 
-JOB_KEY_COL = 11  # position of "key" in SELECT * (see JOB_COLUMNS)
 _dumps = json.JSONEncoder().encode
 
 

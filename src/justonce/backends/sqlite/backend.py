@@ -161,15 +161,7 @@ class SQLiteBackend:
         if schema:
             self._ensure_schema()
         conn = self._conn()
-        deadline = time.monotonic() + self.busy_timeout
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() > deadline:
-                    raise DatabaseUnavailable(f"SQLite write lock not available: {exc}") from exc
-                time.sleep(random.uniform(0.00005, 0.0005))
+        self._busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
         try:
             result = fn(conn)
         except sqlite3.OperationalError as exc:  # disk full, I/O error, lock trouble
@@ -187,13 +179,19 @@ class SQLiteBackend:
 
     def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
         self._ensure_schema()
+        return self._busy_retry(lambda: self._conn().execute(sql, params).fetchall(),
+                                "SQLite read failed")
+
+    def _busy_retry(self, op: Callable[[], T], what: str) -> T:
+        """Retry ``op`` while SQLite says busy, with short random sleeps, until
+        ``busy_timeout`` has passed (see _write for why not SQLite's own handler)."""
         deadline = time.monotonic() + self.busy_timeout
         while True:
             try:
-                return self._conn().execute(sql, params).fetchall()
+                return op()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc) or time.monotonic() > deadline:
-                    raise DatabaseUnavailable(f"SQLite read failed: {exc}") from exc
+                    raise DatabaseUnavailable(f"{what}: {exc}") from exc
                 time.sleep(random.uniform(0.00005, 0.0005))
 
     # -- schema -----------------------------------------------------------------------
