@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from justonce import App  # noqa: E402
+from justonce import App, Worker  # noqa: E402
 from pgcluster import DEFAULT_URL, Cluster, can_connect, pg_bin  # noqa: E402
 
 REQUIRE_PG = os.environ.get("JUSTONCE_REQUIRE_POSTGRES") == "1"
@@ -92,3 +92,21 @@ def app(db_url: str) -> Iterator[App]:
     a.migrate()
     yield a
     a.close()
+
+
+@pytest.fixture
+def worker_factory(app: App):
+    """Start in-process workers (threads) with short leases; all are stopped at the end."""
+    started: list[Worker] = []
+
+    def start(**options) -> Worker:  # type: ignore[no-untyped-def]
+        opts = {"concurrency": 2, "lease": 3.0, "heartbeat": 0.5, "poll": 0.2,
+                "housekeeping_interval": 0.1, "grace": 5.0, **options}
+        w = Worker(app, **opts).start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+        assert w.join(15)

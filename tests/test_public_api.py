@@ -8,6 +8,9 @@ EXPECTED = {
     "InvalidTransition", "Job", "JobNotFound", "JobState", "JustonceError", "KeyConflict",
     "NonRetryable", "PayloadTooLarge", "SchemaError", "Task", "UnknownTask", "ValidationError",
     "Worker", "__version__",
+    # batches
+    "AckResult", "Batch", "BatchExpired", "BatchInfo", "BatchNotFound", "BatchState", "Batches",
+    "InvalidItemId", "ItemGroup", "ItemNotFound", "SealResult",
 }
 
 

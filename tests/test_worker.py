@@ -12,23 +12,6 @@ import pytest
 from justonce import App, Backoff, Enqueue, JobState, NonRetryable, ValidationError, Worker
 
 
-@pytest.fixture
-def worker_factory(app: App):
-    started: list[Worker] = []
-
-    def start(**options) -> Worker:
-        opts = {"concurrency": 2, "lease": 3.0, "heartbeat": 0.5, "poll": 0.2,
-                "housekeeping_interval": 0.1, "grace": 5.0, **options}
-        w = Worker(app, **opts).start()
-        started.append(w)
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
-        assert w.join(15)
-
-
 def test_sync_and_async_tasks_run_and_store_their_results(app: App, worker_factory) -> None:
     @app.task(name="mul")
     def mul(a: int, b: int) -> int:

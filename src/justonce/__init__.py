@@ -2,13 +2,18 @@
 doing anything twice and without losing anything."""
 
 from .app import App
+from .batches import Batch, Batches
 from .errors import (
+    BatchExpired,
+    BatchNotFound,
     ConfigurationError,
     DatabaseUnavailable,
     InvalidArguments,
+    InvalidItemId,
     InvalidName,
     InvalidOption,
     InvalidTransition,
+    ItemNotFound,
     JobNotFound,
     JustonceError,
     KeyConflict,
@@ -18,10 +23,11 @@ from .errors import (
     UnknownTask,
     ValidationError,
 )
-from .models import Job
+from .items import ItemGroup
+from .models import AckResult, BatchInfo, Job, SealResult
 from .retry import Backoff
 from .tasks import Enqueue, Task
-from .types import JobState
+from .types import BatchState, JobState
 from .validate import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES
 from .worker import Worker
 
@@ -30,15 +36,25 @@ __version__ = "0.1.0"
 __all__ = [
     "MAX_PAYLOAD_BYTES",
     "MAX_RESULT_BYTES",
+    "AckResult",
     "App",
     "Backoff",
+    "Batch",
+    "BatchExpired",
+    "BatchInfo",
+    "BatchNotFound",
+    "BatchState",
+    "Batches",
     "ConfigurationError",
     "DatabaseUnavailable",
     "Enqueue",
     "InvalidArguments",
+    "InvalidItemId",
     "InvalidName",
     "InvalidOption",
     "InvalidTransition",
+    "ItemGroup",
+    "ItemNotFound",
     "Job",
     "JobNotFound",
     "JobState",
@@ -47,6 +63,7 @@ __all__ = [
     "NonRetryable",
     "PayloadTooLarge",
     "SchemaError",
+    "SealResult",
     "Task",
     "UnknownTask",
     "ValidationError",

@@ -15,6 +15,7 @@ from typing import Any, overload
 
 from . import validate
 from .backends import Backend, open_backend, resolve_url
+from .batches import Batches
 from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
 from .models import Job, NewJob, QueueCount
 from .retry import Backoff
@@ -43,6 +44,8 @@ class App:
         self.tasks: dict[str, Task] = {}
         self._backend: Backend | None = None
         self._lock = threading.Lock()
+        self.batches = Batches(self)
+        """Batches: open, add, enqueue into, seal, ack; see :class:`~justonce.batches.Batches`."""
 
     # -- wiring -------------------------------------------------------------------------
     @property

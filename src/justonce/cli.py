@@ -11,13 +11,14 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from . import logs
 from .app import App
 from .errors import ConfigurationError, JustonceError
-from .models import Job
-from .types import JobState
+from .models import BatchInfo, Job
+from .types import BatchState, JobState
 
 out = Console()
 
@@ -110,12 +111,16 @@ def migrate(database_url: str | None) -> None:
 @click.option("--no-listen", is_flag=True, help="Never LISTEN (PgBouncer transaction mode).")
 @click.option("--housekeeping-interval", default=1.0, show_default=True,
               type=click.FloatRange(min=0.05))
+@click.option("--batch-retention", default=7 * 86400.0, show_default=True,
+              type=click.FloatRange(0, 10 * 365 * 86400),
+              help="Seconds completed and expired batches are kept.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
 def worker(app_path: str, database_url: str | None, queues: str | None, concurrency: int,
            lease: float, heartbeat: float | None, grace: float, poll: float, prefetch: int,
-           no_listen: bool, housekeeping_interval: float, log_level: str, log_format: str) -> None:
+           no_listen: bool, housekeeping_interval: float, batch_retention: float, log_level: str,
+           log_format: str) -> None:
     """Run jobs until SIGTERM / SIGINT (a second signal stops at once)."""
     from .worker import Worker
 
@@ -124,7 +129,8 @@ def worker(app_path: str, database_url: str | None, queues: str | None, concurre
     queue_list = [q.strip() for q in queues.split(",")] if queues else None
     w = Worker(app, queues=queue_list, concurrency=concurrency, lease=lease,
                heartbeat=heartbeat, grace=grace, poll=poll, prefetch=prefetch,
-               listen=not no_listen, housekeeping_interval=housekeeping_interval)
+               listen=not no_listen, housekeeping_interval=housekeeping_interval,
+               batch_retention=batch_retention)
     w.run()
     app.close()
 
@@ -243,6 +249,82 @@ def jobs_cancel(job_id: int, database_url: str | None) -> None:
     """Cancel a scheduled, ready or running job."""
     job = App(database_url).cancel(job_id)
     out.print(f"job {job.id} {job.state}")
+
+
+@cli.group()
+def batches() -> None:
+    """Follow, seal and clean up batches."""
+
+
+def _bar(b: BatchInfo, width: int = 30) -> ProgressBar:
+    """Resolved items (acked + failed) out of the total; an empty sealed batch is full."""
+    total = max(b.total, 1)
+    done = b.acked + b.failed if b.total else (1 if b.state is BatchState.COMPLETED else 0)
+    return ProgressBar(total=total, completed=done, width=width,
+                       complete_style="red" if b.failed else "green", finished_style="green"
+                       if not b.failed else "red")
+
+
+@batches.command("list")
+@click.option("--state", type=click.Choice([s.value for s in BatchState]), default=None)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+@database_option
+def batches_list(state: str | None, limit: int, database_url: str | None) -> None:
+    """The newest batches first, with their progress."""
+    rows = App(database_url).batches.list(state=state, limit=limit)
+    table = Table("id", "state", "progress", "acked", "failed", "total", "description")
+    for b in rows:
+        table.add_row(str(b.id), b.state.value, _bar(b, 20), str(b.acked), str(b.failed),
+                      str(b.total), (b.description or "")[:30])
+    out.print(table if rows else "no batches")
+
+
+@batches.command("show")
+@click.argument("batch_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--failures", "n_failures", default=20, show_default=True,
+              type=click.IntRange(0, 100_000), help="How many failed items to list.")
+@database_option
+def batches_show(batch_id: int, n_failures: int, database_url: str | None) -> None:
+    """One batch: its state, progress, callbacks and failed items."""
+    app = App(database_url)
+    b = app.batches.get(batch_id)
+    table = Table(show_header=False, box=None)
+    for name in ("id", "state", "description", "total", "acked", "failed", "pending", "groups",
+                 "on_complete", "on_success", "expire_after", "created_at", "updated_at",
+                 "sealed_at", "finished_at"):
+        value = getattr(b, name)
+        table.add_row(name, "" if value is None else str(value))
+    table.add_row("progress", _bar(b, 40))
+    out.print(table)
+    failures = app.batches.failures(batch_id, limit=n_failures) if n_failures and b.failed else []
+    if failures:
+        out.print(f"[bold]failed items[/bold] ({b.failed})")
+        for f in failures:
+            first = f.reason.strip().splitlines()
+            out.print(f"  {f.item} at {f.failed_at.isoformat(timespec='seconds')}: "
+                      f"{first[-1][:100] if first else ''}", markup=False, highlight=False)
+
+
+@batches.command("seal")
+@click.argument("batch_id", type=click.IntRange(1, 2**63 - 1))
+@database_option
+def batches_seal(batch_id: int, database_url: str | None) -> None:
+    """Seal an open batch (no more items); completes it when nothing is pending."""
+    r = App(database_url).batches.seal(batch_id)
+    note = " (was sealed already)" if r.already_sealed else ""
+    out.print(f"batch {r.batch_id} {r.state}{note}")
+
+
+@batches.command("prune")
+@click.option("--retention", default=7 * 86400.0, show_default=True,
+              type=click.FloatRange(0, 10 * 365 * 86400),
+              help="Remove completed and expired batches finished this many seconds ago.")
+@database_option
+def batches_prune(retention: float, database_url: str | None) -> None:
+    """Expire idle open/sealed batches and remove old finished ones now (workers do it
+    in their housekeeping too)."""
+    report = App(database_url).batches.prune(retention)
+    out.print(f"expired {report.expired} idle batches, removed {report.removed} finished batches")
 
 
 @cli.group()

@@ -50,8 +50,27 @@ class JobNotFound(JustonceError, LookupError):
     """No job with that id."""
 
 
+class InvalidItemId(ValidationError):
+    """A batch item id that is not ``"<batch>:<group>:<index>"``."""
+
+
+class BatchNotFound(JustonceError, LookupError):
+    """No batch with that id (never opened, or removed after its retention)."""
+
+
+class ItemNotFound(JustonceError, LookupError):
+    """A well-formed item id whose group the batch does not have, or whose index is past
+    the end of its group (a forged or mistyped id)."""
+
+
 class InvalidTransition(JustonceError):
-    """The job is not in a state that allows the operation (retry a running job…)."""
+    """The job or batch is not in a state that allows the operation (retry a running job,
+    add items to a sealed batch…)."""
+
+
+class BatchExpired(InvalidTransition):
+    """The batch expired (no activity for its ``expire_after``): it takes no more items,
+    acks or seals, and its callbacks never run."""
 
 
 class KeyConflict(InvalidTransition):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .types import JSON, JobState
+from .types import JSON, BatchState, JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,9 @@ class NewJob:
     run_at: datetime | None = None
     key: str | None = None
     partition_key: str | None = None
+    batch_item: str | None = None
+    """The batch item this job resolves: acked when it succeeds, failed when it ends dead
+    or is cancelled. Set by the backend when jobs are enqueued into a batch."""
 
     @property
     def scheduled(self) -> bool:
@@ -38,11 +41,18 @@ class NewJob:
         """The same job options with other (already validated) arguments."""
         return NewJob(self.task, self.queue, args_json, kwargs_json, self.priority,
                       self.max_attempts, self.timeout, self.delay, self.run_at, self.key,
-                      self.partition_key)
+                      self.partition_key, self.batch_item)
+
+    def bound_to(self, batch_item: str) -> NewJob:
+        """The same job as the given batch item."""
+        return NewJob(self.task, self.queue, self.args_json, self.kwargs_json, self.priority,
+                      self.max_attempts, self.timeout, self.delay, self.run_at, self.key,
+                      self.partition_key, batch_item)
 
     def same_options(self, other: NewJob) -> bool:
-        """True when only the arguments differ (and no key makes rows unique)."""
-        return (self.key is None and other.key is None and self.task == other.task
+        """True when only the arguments differ (and no key or batch item makes rows unique)."""
+        return (self.key is None and other.key is None and self.batch_item is None
+                and other.batch_item is None and self.task == other.task
                 and self.queue == other.queue and self.priority == other.priority
                 and self.max_attempts == other.max_attempts and self.timeout == other.timeout
                 and self.delay == other.delay and self.run_at == other.run_at
@@ -67,6 +77,7 @@ class Job:
     created_at: datetime
     key: str | None = None
     partition_key: str | None = None
+    batch_item: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
     lease_owner: str | None = None
@@ -91,26 +102,31 @@ class ClaimedJob:
     max_attempts: int
     timeout: float
     lease_token: int
+    batch_item: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """A successful run to record: the result is already JSON text (or None)."""
+    """A successful run to record: the result is already JSON text (or None). A job that
+    is a batch item names it, and the backend acks it in the completion's transaction."""
 
     id: int
     lease_token: int
     result_json: str | None
     note: str | None = None
+    batch_item: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A failed run to record. ``retry_in`` is None for a final failure (→ ``dead``)."""
+    """A failed run to record. ``retry_in`` is None for a final failure (→ ``dead``); a
+    job that ends dead marks its batch item (if any) failed in the same transaction."""
 
     id: int
     lease_token: int
     error: str
     retry_in: float | None
+    batch_item: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +135,8 @@ class HousekeepingReport:
     rescued: int = 0
     dead: int = 0
     pruned: int = 0
+    batches_expired: int = 0
+    batches_removed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,3 +144,71 @@ class QueueCount:
     queue: str
     state: JobState
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """A snapshot of one batch and its progress. ``pending`` = total − acked − failed."""
+
+    id: int
+    state: BatchState
+    description: str | None
+    total: int
+    acked: int
+    failed: int
+    groups: int
+    expire_after: float
+    created_at: datetime
+    updated_at: datetime
+    sealed_at: datetime | None = None
+    finished_at: datetime | None = None
+    on_complete: str | None = None
+    """Task name of the completion callback (runs once when the batch completes)."""
+    on_success: str | None = None
+    """Task name of the success callback (runs once if it completes with no failures)."""
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.acked - self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    """What an ``ack`` (or ``fail``) call did.
+
+    ``resolved``: items this call acked (or marked failed) now. ``already``: ids given that
+    were resolved before (a second ack of an item changes nothing), in the order given.
+    ``completed``: batches this call completed; their callbacks were enqueued in the same
+    transaction, and no other call will ever report them completed.
+    """
+
+    resolved: int
+    already: tuple[str, ...] = ()
+    completed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SealResult:
+    """What ``seal`` did. ``completed``: this seal completed the batch (every item was
+    resolved already, or it has none). ``already_sealed``: it was sealed before (a repeated
+    seal is harmless and changes nothing)."""
+
+    batch_id: int
+    state: BatchState
+    completed: bool
+    already_sealed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ItemFailure:
+    item: str
+    reason: str
+    failed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPruneReport:
+    expired: int = 0
+    """Open or sealed batches that had no activity for their expire_after."""
+    removed: int = 0
+    """Completed or expired batches past the retention, deleted with their items."""

@@ -1,4 +1,4 @@
-"""Leaf types shared by every module: job states and the JSON alias."""
+"""Leaf types shared by every module: job and batch states and the JSON alias."""
 
 from __future__ import annotations
 
@@ -27,6 +27,20 @@ class JobState(StrEnum):
     def is_live(self) -> bool:
         """Live jobs hold their ``key``; finished ones do not."""
         return self in (JobState.SCHEDULED, JobState.READY, JobState.RUNNING)
+
+
+class BatchState(StrEnum):
+    """Where a batch is in its life.
+
+    ``open`` (items may be added) → ``sealed`` (no more items) → ``completed`` (every item
+    acked or failed; the callbacks were enqueued). An open or sealed batch with no activity
+    for its ``expire_after`` becomes ``expired``: an orphan, whose callbacks never run.
+    """
+
+    OPEN = "open"
+    SEALED = "sealed"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
 
 
 LIVE_STATES = tuple(s.value for s in JobState if s.is_live)

@@ -211,9 +211,30 @@ def bounded(value: Any, what: str, lo: float, hi: float) -> float:
     return seconds
 
 
-def job_id(value: Any) -> int:
+def job_id(value: Any, what: str = "job id") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
-        raise InvalidOption(f"job id must be a positive 64-bit integer, not {value!r}")
+        raise InvalidOption(f"{what} must be a positive 64-bit integer, not {value!r}")
+    return value
+
+
+def batch_id(value: Any) -> int:
+    return job_id(value, "batch id")
+
+
+def count(value: Any, what: str, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        raise InvalidOption(f"{what} must be an integer in [1, {hi}], not {value!r}")
+    return value
+
+
+def text(value: Any, what: str, limit: int) -> str:
+    """Free text (a description, a failure reason): a string the databases can store."""
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+        raise InvalidOption(f"{what} must be a string of at most {limit} characters without NUL")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidOption(f"{what} contains a lone surrogate, which the database cannot store") from None
     return value
 
 

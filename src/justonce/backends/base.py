@@ -15,7 +15,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ..items import ItemGroup, ItemRef
+from ..models import (
+    AckResult,
+    BatchInfo,
+    BatchPruneReport,
+    ClaimedJob,
+    Completion,
+    Failure,
+    HousekeepingReport,
+    ItemFailure,
+    Job,
+    NewJob,
+    QueueCount,
+    SealResult,
+)
 from ..types import JobState
 
 
@@ -74,7 +88,8 @@ class Backend(Protocol):
     def job_cancel(self, job_id: int) -> Job | None:
         """scheduled / ready / running → cancelled. None when the job is not live
         (the caller tells 'not found' from 'already finished'). A running job's worker
-        is fenced out: its completion will be rejected."""
+        is fenced out: its completion will be rejected. A job's batch item is marked
+        failed in the same transaction."""
 
     def job_retry(self, job_id: int) -> Job | None:
         """dead / cancelled → ready with attempts reset. None when not in those states.
@@ -90,7 +105,8 @@ class Backend(Protocol):
 
     def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
         """Mark succeeded in one transaction; return the ids accepted. An id missing from
-        the answer was rejected: its lease was lost (expired and re-offered, cancelled)."""
+        the answer was rejected: its lease was lost (expired and re-offered, cancelled).
+        The batch items of accepted jobs are acked in the same transaction."""
 
     def job_complete_and_claim(
         self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float
@@ -100,7 +116,8 @@ class Backend(Protocol):
 
     def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
         """Record a failed attempt: retry after ``retry_in`` s (scheduled, or ready when 0),
-        or dead when attempts are exhausted or ``retry_in`` is None. None = rejected."""
+        or dead when attempts are exhausted or ``retry_in`` is None. None = rejected. A
+        job that ends dead marks its batch item failed in the same transaction."""
 
     def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         """Extend the leases of (id, token) pairs to now() + lease; return those renewed."""
@@ -117,10 +134,57 @@ class Backend(Protocol):
         """scheduled jobs whose run_at has come → ready. Returns how many."""
 
     def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
-        """running jobs whose lease expired → ready (or dead when attempts are spent)."""
+        """running jobs whose lease expired → ready (or dead when attempts are spent, and
+        then their batch items are marked failed)."""
 
     def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
         """Delete finished jobs older than the retention (seconds). Returns how many."""
+
+    # -- batches (one algorithm for every backend: batchstore.py) -------------------------
+    # Every operation taking ``conn`` joins the caller's open transaction on it (or runs
+    # in a transaction of its own on it when none is open).
+    def batch_open(self, description: str | None, callbacks: dict[str, Any],
+                   expire_after: float, conn: Any = None) -> int:
+        """Create an open batch; ``callbacks`` maps "complete" / "success" to the stored
+        callback job (batchstore.callback_spec). Returns its id."""
+
+    def batch_add(self, batch_id: int, count: int, conn: Any = None) -> ItemGroup:
+        """Add a group of ``count`` pending items. Atomic. Raises BatchNotFound,
+        BatchExpired, or InvalidTransition when the batch is not open."""
+
+    def batch_enqueue(self, batch_id: int, jobs: Sequence[NewJob],
+                      conn: Any = None) -> tuple[ItemGroup, list[int]]:
+        """``batch_add`` of len(jobs) items and the jobs bound to them (job i = item i),
+        in one transaction. Jobs must carry no key."""
+
+    def batch_enqueue_calls(self, batch_id: int, template: NewJob, args_doc: str,
+                            kwargs_doc: str, count: int,
+                            conn: Any = None) -> tuple[ItemGroup, list[int]]:
+        """``batch_enqueue`` for jobs that differ only in their arguments (as in
+        ``job_insert_batch``)."""
+
+    def batch_seal(self, batch_id: int, conn: Any = None) -> SealResult:
+        """open → sealed; in the same transaction, sealed → completed (with the callbacks
+        enqueued) when nothing is pending. Sealing a sealed or completed batch changes
+        nothing. Raises BatchNotFound / BatchExpired."""
+
+    def batch_resolve(self, refs: Sequence[ItemRef], reason: str | None,
+                      conn: Any = None) -> AckResult:
+        """Ack (``reason`` None) or fail items, atomically: either every id names an item of
+        a batch that is not expired and the call applies, or it raises (BatchNotFound,
+        ItemNotFound, BatchExpired) and nothing changes. Completes every batch whose last
+        pending item this was, exactly once (see batchstore.py)."""
+
+    def batch_get(self, batch_id: int) -> BatchInfo | None: ...
+
+    def batch_list(self, state: str | None, limit: int) -> list[BatchInfo]:
+        """Newest first."""
+
+    def batch_failures(self, batch_id: int, limit: int) -> list[ItemFailure]: ...
+
+    def batches_prune(self, retention: float, limit: int = 1000) -> BatchPruneReport:
+        """One round: expire up to ``limit`` idle open/sealed batches, and delete up to
+        ``limit`` completed/expired batches finished more than ``retention`` s ago."""
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
         """A waiter for idle workers. ``listen=False``: poll only (e.g. behind PgBouncer in
@@ -181,6 +245,7 @@ def job_from_insert(new: NewJob, job_id: int, state: str, run_at: datetime,
         kwargs=json.loads(new.kwargs_json), state=JobState(state), priority=new.priority,
         attempts=0, max_attempts=new.max_attempts, timeout=new.timeout, run_at=run_at,
         created_at=created_at, key=new.key, partition_key=new.partition_key,
+        batch_item=new.batch_item,
     )
 
 
@@ -201,6 +266,7 @@ def job_from_row(row: dict[str, Any], duplicate: bool = False) -> Job:
         created_at=row["created_at"],
         key=row["key"],
         partition_key=row["partition_key"],
+        batch_item=row["batch_item"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         lease_owner=row["lease_owner"],

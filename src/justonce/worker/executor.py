@@ -129,7 +129,7 @@ class Executor:
         result_json, note = validate.result_json(result)
         return Outcome(
             "succeeded", time.perf_counter() - start,
-            completion=Completion(job.id, job.lease_token, result_json, note),
+            completion=Completion(job.id, job.lease_token, result_json, note, job.batch_item),
         )
 
     def failure_for(
@@ -145,7 +145,8 @@ class Executor:
             except Exception as exc:  # noqa: BLE001 - a broken custom backoff
                 retry_in = Backoff().delay(job.attempts)
                 error += f"\n(the task's backoff failed: {exc!r}; used the default backoff)"
-        return Failure(job.id, job.lease_token, validate.error_text(error), retry_in)
+        return Failure(job.id, job.lease_token, validate.error_text(error), retry_in,
+                       job.batch_item)
 
     def _fail(
         self, job: ClaimedJob, start: float, kind: str, task: Task | None, error: str,

@@ -1,4 +1,5 @@
-"""Housekeeping: promote due scheduled jobs, re-offer expired leases, prune old jobs.
+"""Housekeeping: promote due scheduled jobs, re-offer expired leases, prune old jobs,
+expire orphaned batches and remove old ones.
 
 Every worker runs the loop; a row per duty in ``justonce_maintenance`` makes exactly one
 of them do each round (no session locks, so it works behind PgBouncer too).
@@ -10,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from ..backends import Backend
-from ..models import HousekeepingReport
+from ..models import BatchPruneReport, HousekeepingReport
 
 log = logging.getLogger("justonce.maintenance")
 
@@ -23,19 +24,26 @@ class Maintenance:
     prune_interval: float = 60.0
     keep_succeeded: float = 86400.0
     keep_dead: float = 7 * 86400.0
+    batch_retention: float = 7 * 86400.0
 
     def run_once(self, force: bool = False) -> HousekeepingReport:
         """One round. ``force`` skips the "is it my turn" check (tests, the CLI)."""
         promoted = rescued = dead = pruned = 0
+        batches = BatchPruneReport()
         if force or self.backend.maintenance_try("rescue", self.interval, self.owner):
             report = self.backend.jobs_rescue()
             rescued, dead = report.rescued, report.dead
             promoted = self.backend.jobs_promote()
         if force or self.backend.maintenance_try("prune", self.prune_interval, self.owner):
             pruned = self.backend.jobs_prune(self.keep_succeeded, self.keep_dead)
+            batches = self.backend.batches_prune(self.batch_retention)
         if rescued or dead:
             log.warning(
                 "expired leases re-offered",
                 extra={"event": "leases.rescued", "rescued": rescued, "dead": dead},
             )
-        return HousekeepingReport(promoted=promoted, rescued=rescued, dead=dead, pruned=pruned)
+        if batches.expired:
+            log.warning("idle batches expired",
+                        extra={"event": "batches.expired", "expired": batches.expired})
+        return HousekeepingReport(promoted=promoted, rescued=rescued, dead=dead, pruned=pruned,
+                                  batches_expired=batches.expired, batches_removed=batches.removed)

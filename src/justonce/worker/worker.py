@@ -92,7 +92,8 @@ class Worker:
         grace: float = 30.0, listen: bool = True, prefetch: int = 250,
         ack_interval: float = 0.02, ack_batch: int = 500, housekeeping: bool = True,
         housekeeping_interval: float = 1.0, keep_succeeded: float = 86400.0,
-        keep_dead: float = 7 * 86400.0, owner: str | None = None,
+        keep_dead: float = 7 * 86400.0, batch_retention: float = 7 * 86400.0,
+        owner: str | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
             raise InvalidOption(f"concurrency must be an integer in [1, 1000], not {concurrency!r}")
@@ -121,13 +122,15 @@ class Worker:
                                                  0.01, 3600)
         keep_succeeded = validate.bounded(keep_succeeded, "keep_succeeded", 0, 10 * 365 * 86400)
         keep_dead = validate.bounded(keep_dead, "keep_dead", 0, 10 * 365 * 86400)
+        batch_retention = validate.bounded(batch_retention, "batch_retention", 0, 10 * 365 * 86400)
         self.owner = owner or default_owner()
         self.backend = app.backend
         self.producer = Producer(self.backend, self.queues, self.owner, self.lease, prefetch)
         self.executor = Executor(app)
         self.maintenance = (
             Maintenance(self.backend, self.owner, housekeeping_interval,
-                        keep_succeeded=keep_succeeded, keep_dead=keep_dead)
+                        keep_succeeded=keep_succeeded, keep_dead=keep_dead,
+                        batch_retention=batch_retention)
             if housekeeping else None
         )
         self.stats = WorkerStats()

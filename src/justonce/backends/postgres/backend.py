@@ -34,6 +34,7 @@ from ..base import (
     load_queries,
     migration_files,
 )
+from ..batchstore import BatchStore
 
 try:
     import psycopg
@@ -73,7 +74,7 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     return conninfo, schema, ours
 
 
-class PostgresBackend:
+class PostgresBackend(BatchStore):
     name = "postgres"
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
@@ -232,14 +233,15 @@ class PostgresBackend:
         return self._on(conn, lambda c: self._insert_one(c, job))
 
     def _insert_batch(
-        self, conn: psycopg.Connection, j: NewJob, args_doc: str, kwargs_doc: str
+        self, conn: psycopg.Connection, j: NewJob, args_doc: str, kwargs_doc: str,
+        item_prefix: str | None = None,
     ) -> list[int]:
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(Q["job_insert_batch"], {
             "queue": j.queue, "task": j.task, "priority": j.priority, "delay": j.delay,
             "run_at": j.run_at, "max_attempts": j.max_attempts, "timeout": j.timeout,
             "partition_key": j.partition_key, "channel": self.channel,
-            "args": args_doc, "kwargs": kwargs_doc,
+            "args": args_doc, "kwargs": kwargs_doc, "item_prefix": item_prefix,
         })
         # Identity values are drawn in insert order (ORDER BY ord).
         return sorted(r[0] for r in cur.fetchall())
@@ -309,8 +311,15 @@ class PostgresBackend:
         return [job_from_row(r) for r in self._fetch("job_list", params, dicts=True)]
 
     def job_cancel(self, job_id: int) -> Job | None:
-        rows = self._fetch("job_cancel", {"id": job_id}, dicts=True)
-        return job_from_row(rows[0]) if rows else None
+        def run(conn: psycopg.Connection) -> Job | None:
+            cur = conn.cursor(row_factory=dict_row)
+            row = cur.execute(Q["job_cancel"], {"id": job_id}).fetchone()
+            if row is None:
+                return None
+            self._resolve_job_items(conn, [row["batch_item"]], "cancelled")
+            return job_from_row(row)
+
+        return self._on(None, run, atomic=True)
 
     def job_retry(self, job_id: int) -> Job | None:
         try:
@@ -338,9 +347,19 @@ class PostgresBackend:
             "results": [c.result_json for c in done], "notes": [c.note for c in done],
         }
 
+    def _complete_items(self, conn: psycopg.Connection, done: Sequence[Completion]) -> set[int]:
+        """Complete jobs that are batch items, and ack their items, in one transaction."""
+        cur = conn.cursor(row_factory=tuple_row)
+        cur.execute(Q["job_complete_many"], self._completion_params(done))
+        accepted = {r[0] for r in cur.fetchall()}
+        self._resolve_job_items(conn, [c.batch_item for c in done if c.id in accepted], None)
+        return accepted
+
     def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
         if not done:
             return set()
+        if any(c.batch_item for c in done):
+            return self._on(None, lambda c: self._complete_items(c, done), atomic=True)
         return {r[0] for r in self._fetch("job_complete_many", self._completion_params(done))}
 
     def job_complete_and_claim(
@@ -348,6 +367,15 @@ class PostgresBackend:
     ) -> tuple[set[int], list[ClaimedJob]]:
         if not done:
             return set(), self.job_claim(queue, limit, owner, lease)
+        if any(c.batch_item for c in done):
+            claim = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+
+            def run(c: psycopg.Connection) -> tuple[set[int], list[Any]]:
+                accepted = self._complete_items(c, done)
+                return accepted, c.cursor(row_factory=tuple_row).execute(Q["job_claim"], claim).fetchall()
+
+            accepted, rows = self._on(None, run, atomic=True)
+            return accepted, _claimed(rows)
         params = self._completion_params(done)
         params.update(queue=queue, limit=limit, owner=owner, lease=lease)
         rows = self._fetch("job_complete_and_claim", params)
@@ -355,11 +383,23 @@ class PostgresBackend:
         return accepted, _claimed([r[1:] for r in rows if r[0] == "claimed"])
 
     def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
-        rows = self._fetch("job_fail", {
+        params = {
             "id": failure.id, "token": failure.lease_token, "error": failure.error,
             "retry_in": failure.retry_in, "kind": kind, "channel": self.channel,
-        })
-        return JobState(rows[0][0]) if rows else None
+        }
+        if failure.batch_item is None:
+            rows = self._fetch("job_fail", params)
+            return JobState(rows[0][0]) if rows else None
+
+        def run(conn: psycopg.Connection) -> JobState | None:
+            row = conn.cursor(row_factory=tuple_row).execute(Q["job_fail"], params).fetchone()
+            if row is None:
+                return None
+            if row[0] == JobState.DEAD:
+                self._resolve_job_items(conn, [failure.batch_item], failure.error)
+            return JobState(row[0])
+
+        return self._on(None, run, atomic=True)
 
     def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         if not held:
@@ -384,8 +424,14 @@ class PostgresBackend:
         return rows[0][0]
 
     def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
-        rows = self._fetch("jobs_rescue", {"limit": limit, "channel": self.channel})
-        return HousekeepingReport(rescued=rows[0][0], dead=rows[0][1])
+        def run(conn: psycopg.Connection) -> HousekeepingReport:
+            row = conn.cursor(row_factory=tuple_row).execute(
+                Q["jobs_rescue"], {"limit": limit, "channel": self.channel}).fetchone()
+            assert row is not None
+            self._resolve_job_items(conn, row[3] or [], "lease expired on the last attempt")
+            return HousekeepingReport(rescued=row[0], dead=row[1])
+
+        return self._on(None, run, atomic=True)
 
     def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
         with self._connection() as conn:
@@ -393,6 +439,48 @@ class PostgresBackend:
                 "keep_succeeded": keep_succeeded, "keep_dead": keep_dead, "limit": limit,
             })
             return cur.rowcount
+
+    # -- the primitives of the shared batch algorithm (BatchStore) -----------------------
+    def _b_tx(self, conn: Any, fn: Callable[[psycopg.Connection], T]) -> T:
+        if conn is None:
+            return self._on(None, fn, atomic=True)
+        c = self._caller_connection(conn)
+        if c.autocommit:  # a transaction of its own (a savepoint inside a transaction block)
+            with c.transaction():
+                return fn(c)
+        # Inside the caller's transaction (psycopg opens it before the SAVEPOINT if none is
+        # open), under a savepoint so that a refused call leaves the caller's writes alone.
+        c.execute("SAVEPOINT justonce")
+        try:
+            result = fn(c)
+        except BaseException:
+            c.execute("ROLLBACK TO SAVEPOINT justonce")
+            c.execute("RELEASE SAVEPOINT justonce")
+            raise
+        c.execute("RELEASE SAVEPOINT justonce")
+        return result
+
+    def _b_rows(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[Any]:
+        cur = c.cursor(row_factory=tuple_row)
+        cur.execute(Q[name], params)
+        return cur.fetchall() if cur.description else []
+
+    def _b_many(self, c: psycopg.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
+        if seq:
+            c.cursor().executemany(Q[name], seq)
+
+    def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
+        return self._fetch(name, params)
+
+    def _b_time(self, value: Any) -> datetime | None:
+        return value
+
+    def _b_insert_jobs(self, c: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
+        return self._insert_many(c, jobs)
+
+    def _b_insert_calls(self, c: psycopg.Connection, template: NewJob, args_doc: str,
+                        kwargs_doc: str, item_prefix: str) -> list[int]:
+        return self._insert_batch(c, template, args_doc, kwargs_doc, item_prefix)
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> PostgresWaiter:
         return PostgresWaiter(self, queues, listen)
@@ -413,11 +501,11 @@ class PostgresBackend:
 
 def _claimed(rows: list[Any]) -> list[ClaimedJob]:
     """Rows of (id, queue, task, args text, kwargs text, attempts, max_attempts, timeout,
-    lease_token, priority) in claim order."""
+    lease_token, priority, batch_item) in claim order."""
     rows.sort(key=lambda r: (r[9], r[0]))
     decoded = decode_arguments([(r[3], r[4]) for r in rows])
     return [
-        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8])
+        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8], r[10])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 
@@ -433,7 +521,8 @@ def _row_json(j: NewJob) -> str:
         f'["{j.queue}","{j.task}",{j.args_json},{j.kwargs_json},{j.priority},{j.delay!r},'
         f'{"null" if j.run_at is None else _dumps(j.run_at.isoformat())},{j.max_attempts},'
         f'{j.timeout!r},{"null" if j.key is None else _dumps(j.key)},'
-        f'{"null" if j.partition_key is None else _dumps(j.partition_key)}]'
+        f'{"null" if j.partition_key is None else _dumps(j.partition_key)},'
+        f'{"null" if j.batch_item is None else _dumps(j.batch_item)}]'
     )
 
 

@@ -39,14 +39,14 @@ WITH d AS (
            COALESCE((e.r->>6)::timestamptz,
                     now() + (e.r->>5)::float8 * interval '1 second') AS due,
            (e.r->>7)::int AS max_attempts, (e.r->>8)::float8 AS timeout,
-           e.r->>9 AS key, e.r->>10 AS partition_key
+           e.r->>9 AS key, e.r->>10 AS partition_key, e.r->>11 AS batch_item
       FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(r, ord)
 ), ins AS (
     INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
-                               max_attempts, timeout, key, partition_key)
+                               max_attempts, timeout, key, partition_key, batch_item)
     SELECT queue, task, args, kwargs,
            CASE WHEN due > now() THEN 'scheduled' ELSE 'ready' END,
-           priority, due, max_attempts, timeout, key, partition_key
+           priority, due, max_attempts, timeout, key, partition_key, batch_item
       FROM d ORDER BY key, ord  -- keys in one order: concurrent bulk inserts cannot deadlock
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
     DO NOTHING
@@ -59,16 +59,18 @@ SELECT ins.id, ins.key, (SELECT n FROM woke) FROM ins
 
 -- name: job_insert_batch
 -- The common bulk case: one task, one set of options, no keys. Only the arguments vary,
--- so only they travel per row, as two JSON arrays.
+-- so only they travel per row, as two JSON arrays. Jobs enqueued into a batch get the
+-- items %(item_prefix)s || 0, 1, 2…
 WITH v AS (
     SELECT COALESCE(%(run_at)s::timestamptz,
                     now() + %(delay)s::float8 * interval '1 second') AS due
 ), ins AS (
     INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
-                               max_attempts, timeout, partition_key)
+                               max_attempts, timeout, partition_key, batch_item)
     SELECT %(queue)s, %(task)s, a.value, k.value,
            CASE WHEN v.due > now() THEN 'scheduled' ELSE 'ready' END,
-           %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(partition_key)s
+           %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(partition_key)s,
+           %(item_prefix)s::text || (a.ord - 1)
       FROM jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, ord)
       JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, ord)
            USING (ord)
@@ -116,7 +118,7 @@ UPDATE justonce_jobs j
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
 RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
-          j.timeout, j.lease_token, j.priority
+          j.timeout, j.lease_token, j.priority, j.batch_item
 
 -- name: job_complete_many
 UPDATE justonce_jobs j
@@ -137,11 +139,12 @@ WITH done AS (
 )
 SELECT 'done' AS kind, id, NULL::text AS queue, NULL::text AS task, NULL::text AS args,
        NULL::text AS kwargs, NULL::int AS attempts, NULL::int AS max_attempts,
-       NULL::float8 AS timeout, NULL::bigint AS lease_token, NULL::smallint AS priority
+       NULL::float8 AS timeout, NULL::bigint AS lease_token, NULL::smallint AS priority,
+       NULL::text AS batch_item
   FROM done
 UNION ALL
 SELECT 'claimed', id, queue, task, args, kwargs, attempts, max_attempts, timeout,
-       lease_token, priority
+       lease_token, priority, batch_item
   FROM claimed
 
 -- name: job_fail
@@ -236,11 +239,12 @@ WITH expired AS (
                         'error', 'lease expired', 'owner', j.lease_owner)),
            lease_owner = NULL, lease_expires_at = NULL
       FROM expired WHERE j.id = expired.id
-    RETURNING j.state, j.queue
+    RETURNING j.state, j.queue, j.batch_item
 )
 SELECT count(*) FILTER (WHERE state = 'ready'), count(*) FILTER (WHERE state = 'dead'),
        (SELECT count(pg_notify(%(channel)s, q))
-          FROM (SELECT DISTINCT queue AS q FROM up WHERE state = 'ready') r)
+          FROM (SELECT DISTINCT queue AS q FROM up WHERE state = 'ready') r),
+       array_agg(batch_item) FILTER (WHERE state = 'dead' AND batch_item IS NOT NULL)
   FROM up
 
 -- name: jobs_prune
@@ -266,3 +270,134 @@ RETURNING name
 
 -- name: db_now
 SELECT now()
+
+-- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
+-- statements are its PostgreSQL dialect. List parameters are JSON documents.
+
+-- name: batch_open
+INSERT INTO justonce_batches (state, description, callbacks, expire_after)
+VALUES ('open', %(description)s, %(callbacks)s::jsonb, %(expire_after)s)
+RETURNING id
+
+-- name: batch_state
+SELECT state FROM justonce_batches WHERE id = %(id)s
+
+-- name: batch_add
+UPDATE justonce_batches
+   SET total = total + %(count)s, groups = groups + 1, updated_at = now()
+ WHERE id = %(id)s AND state = 'open'
+RETURNING id
+
+-- name: batch_chunks_insert
+INSERT INTO justonce_batch_chunks (batch_id, group_id, chunk, size, pending, bits)
+SELECT %(id)s, %(group_id)s, (s.ord - 1)::int, s.size::int, s.size::int,
+       decode(repeat('00', (s.size::int + 7) / 8), 'hex')
+  FROM jsonb_array_elements_text(%(sizes)s::jsonb) WITH ORDINALITY AS s(size, ord)
+
+-- name: batch_seal
+UPDATE justonce_batches SET state = 'sealed', sealed_at = now(), updated_at = now()
+ WHERE id = %(id)s AND state = 'open'
+RETURNING id
+
+-- name: batch_chunks_lock
+-- Lock the chunks an ack touches, in key order (two bulk acks cannot deadlock).
+SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
+  FROM justonce_batch_chunks c
+  JOIN justonce_batches b ON b.id = c.batch_id
+ WHERE (c.batch_id, c.group_id, c.chunk) IN (
+        SELECT (k->>0)::bigint, k->>1, (k->>2)::int
+          FROM jsonb_array_elements(%(keys)s::jsonb) AS k)
+ ORDER BY c.batch_id, c.group_id, c.chunk
+   FOR UPDATE OF c
+
+-- name: batch_chunk_update
+UPDATE justonce_batch_chunks
+   SET bits = %(bits)s, pending = %(pending)s, updated_at = now()
+ WHERE batch_id = %(batch_id)s AND group_id = %(group_id)s AND chunk = %(chunk)s
+
+-- name: batch_failure_insert
+INSERT INTO justonce_batch_failures (batch_id, item, reason)
+VALUES (%(batch_id)s, %(item)s, %(reason)s)
+ON CONFLICT DO NOTHING
+
+-- name: batch_group_size
+SELECT sum(size) FROM justonce_batch_chunks WHERE batch_id = %(id)s AND group_id = %(group_id)s
+
+-- name: batch_lock
+SELECT id, state, description, callbacks, total FROM justonce_batches
+ WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb))
+ ORDER BY id
+   FOR UPDATE
+
+-- name: batch_pending
+SELECT DISTINCT batch_id FROM justonce_batch_chunks
+ WHERE batch_id IN (SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb))
+   AND pending > 0
+
+-- name: batch_failure_counts
+SELECT batch_id, count(*) FROM justonce_batch_failures
+ WHERE batch_id IN (SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb))
+ GROUP BY batch_id
+
+-- name: batch_complete
+UPDATE justonce_batches
+   SET state = 'completed', finished_at = now(), updated_at = now(),
+       acked = %(acked)s, failed = %(failed)s
+ WHERE id = %(id)s AND state = 'sealed'
+
+-- name: batch_get
+SELECT b.id, b.state, b.description, b.callbacks, b.total, b.groups, b.expire_after,
+       b.created_at, b.updated_at, b.sealed_at, b.finished_at,
+       COALESCE((SELECT sum(pending) FROM justonce_batch_chunks c WHERE c.batch_id = b.id), 0),
+       (SELECT count(*) FROM justonce_batch_failures f WHERE f.batch_id = b.id)
+  FROM justonce_batches b
+ WHERE b.id = %(id)s
+
+-- name: batch_list
+SELECT b.id, b.state, b.description, b.callbacks, b.total, b.groups, b.expire_after,
+       b.created_at, b.updated_at, b.sealed_at, b.finished_at,
+       COALESCE((SELECT sum(pending) FROM justonce_batch_chunks c WHERE c.batch_id = b.id), 0),
+       (SELECT count(*) FROM justonce_batch_failures f WHERE f.batch_id = b.id)
+  FROM justonce_batches b
+ WHERE %(state)s::text IS NULL OR b.state = %(state)s
+ ORDER BY b.id DESC
+ LIMIT %(limit)s
+
+-- name: batch_failures
+SELECT item, reason, failed_at FROM justonce_batch_failures
+ WHERE batch_id = %(id)s
+ ORDER BY failed_at, item
+ LIMIT %(limit)s
+
+-- name: batches_expire
+-- Orphans: open or sealed batches with no add, seal or ack for their expire_after.
+UPDATE justonce_batches b
+   SET state = 'expired', finished_at = now()
+ WHERE b.id IN (
+        SELECT x.id FROM justonce_batches x
+         WHERE x.state IN ('open','sealed')
+           AND x.updated_at < now() - x.expire_after * interval '1 second'
+           AND NOT EXISTS (SELECT 1 FROM justonce_batch_chunks c
+                            WHERE c.batch_id = x.id
+                              AND c.updated_at >= now() - x.expire_after * interval '1 second')
+         ORDER BY x.updated_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED)
+   AND b.state IN ('open','sealed')
+RETURNING b.id
+
+-- name: batches_old
+SELECT id FROM justonce_batches
+ WHERE state IN ('completed','expired')
+   AND finished_at <= now() - %(retention)s::float8 * interval '1 second'
+ ORDER BY finished_at
+ LIMIT %(limit)s
+
+-- name: batch_delete_chunks
+DELETE FROM justonce_batch_chunks WHERE batch_id = %(id)s
+
+-- name: batch_delete_failures
+DELETE FROM justonce_batch_failures WHERE batch_id = %(id)s
+
+-- name: batch_delete
+DELETE FROM justonce_batches WHERE id = %(id)s

@@ -35,6 +35,7 @@ from ..base import (
     load_queries,
     migration_files,
 )
+from ..batchstore import BatchStore
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -91,7 +92,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend:
+class SQLiteBackend(BatchStore):
     name = "sqlite"
 
     def __init__(self, url: str) -> None:
@@ -236,6 +237,7 @@ class SQLiteBackend:
             "kwargs": job.kwargs_json, "priority": job.priority, "delay": job.delay,
             "run_at": _epoch(job.run_at), "max_attempts": job.max_attempts,
             "timeout": job.timeout, "key": job.key, "partition_key": job.partition_key,
+            "batch_item": job.batch_item,
         }
 
     def _insert_one(self, conn: Any, job: NewJob) -> Job:
@@ -293,8 +295,10 @@ class SQLiteBackend:
             return []
         return self._on(conn, lambda c: self._insert_many(c, jobs))
 
-    def _insert_batch(self, conn: Any, j: NewJob, args_doc: str, kwargs_doc: str) -> list[int]:
+    def _insert_batch(self, conn: Any, j: NewJob, args_doc: str, kwargs_doc: str,
+                      item_prefix: str | None = None) -> list[int]:
         params = self._job_params(j)
+        params["item_prefix"] = item_prefix
         pairs = zip(json.loads(args_doc), json.loads(kwargs_doc), strict=True)
         params["rows"] = json.dumps([[a, k] for a, k in pairs], separators=(",", ":"))
         del params["key"], params["args"], params["kwargs"]
@@ -325,7 +329,15 @@ class SQLiteBackend:
         return self._write(run)
 
     def job_cancel(self, job_id: int) -> Job | None:
-        return self._one_job("job_cancel", job_id)
+        def run(conn: sqlite3.Connection) -> Job | None:
+            row = conn.execute(Q["job_cancel"], {"id": job_id}).fetchone()
+            if row is None:
+                return None
+            job = job_from_row(_decode(dict(row)))
+            self._resolve_job_items(conn, [job.batch_item], "cancelled")
+            return job
+
+        return self._write(run)
 
     def job_retry(self, job_id: int) -> Job | None:
         try:
@@ -348,10 +360,12 @@ class SQLiteBackend:
         rows = self._write(lambda c: c.execute(Q["job_claim"], params).fetchall())
         return _claimed(rows)
 
-    @staticmethod
-    def _complete(conn: sqlite3.Connection, done: Sequence[Completion]) -> set[int]:
+    def _complete(self, conn: sqlite3.Connection, done: Sequence[Completion]) -> set[int]:
+        """Complete the jobs, and ack the batch items of those accepted (same transaction)."""
         rows = json.dumps([[c.id, c.lease_token, c.result_json, c.note] for c in done])
-        return {r[0] for r in conn.execute(Q["job_complete_many"], {"rows": rows})}
+        accepted = {r[0] for r in conn.execute(Q["job_complete_many"], {"rows": rows})}
+        self._resolve_job_items(conn, [c.batch_item for c in done if c.id in accepted], None)
+        return accepted
 
     def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
         if not done:
@@ -376,8 +390,16 @@ class SQLiteBackend:
             "id": failure.id, "token": failure.lease_token, "error": failure.error,
             "retry_in": failure.retry_in, "kind": kind,
         }
-        row = self._write(lambda c: c.execute(Q["job_fail"], params).fetchone())
-        return JobState(row[0]) if row else None
+
+        def run(conn: sqlite3.Connection) -> JobState | None:
+            row = conn.execute(Q["job_fail"], params).fetchone()
+            if row is None:
+                return None
+            if row[0] == JobState.DEAD:
+                self._resolve_job_items(conn, [failure.batch_item], failure.error)
+            return JobState(row[0])
+
+        return self._write(run)
 
     def _fenced_many(self, name: str, held: Sequence[tuple[int, int]], **extra: Any) -> set[int]:
         if not held:
@@ -400,13 +422,65 @@ class SQLiteBackend:
         return self._write(lambda c: c.execute(Q["jobs_promote"], {"limit": limit}).rowcount)
 
     def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
-        rows = self._write(lambda c: c.execute(Q["jobs_rescue"], {"limit": limit}).fetchall())
+        def run(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+            rows = conn.execute(Q["jobs_rescue"], {"limit": limit}).fetchall()
+            self._resolve_job_items(conn, [r[1] for r in rows if r[0] == "dead"],
+                                    "lease expired on the last attempt")
+            return rows
+
+        rows = self._write(run)
         dead = sum(1 for r in rows if r[0] == "dead")
         return HousekeepingReport(rescued=len(rows) - dead, dead=dead)
 
     def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
         params = {"keep_succeeded": keep_succeeded, "keep_dead": keep_dead, "limit": limit}
         return self._write(lambda c: c.execute(Q["jobs_prune"], params).rowcount)
+
+    # -- the primitives of the shared batch algorithm (BatchStore) -----------------------
+    def _b_tx(self, conn: Any, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if conn is None:
+            return self._write(fn)
+        c = self._caller_connection(conn)
+        # Inside the caller's transaction (opened here if the connection has none, as
+        # sqlite3 itself would before a write), under a savepoint so that a refused call
+        # leaves the caller's own writes alone. A connection in autocommit mode
+        # (isolation_level None) gets a transaction of its own, committed here.
+        own = not c.in_transaction and c.isolation_level is None
+        if not c.in_transaction:
+            self._busy_retry(lambda: c.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
+        c.execute("SAVEPOINT justonce")
+        try:
+            result = fn(c)
+        except BaseException:
+            c.execute("ROLLBACK TO justonce")
+            c.execute("RELEASE justonce")
+            if own:
+                c.execute("ROLLBACK")
+            raise
+        c.execute("RELEASE justonce")
+        if own:
+            c.execute("COMMIT")
+        return result
+
+    def _b_rows(self, c: sqlite3.Connection, name: str, params: dict[str, Any]) -> list[Any]:
+        return c.execute(Q[name], params).fetchall()
+
+    def _b_many(self, c: sqlite3.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
+        if seq:
+            c.executemany(Q[name], seq)
+
+    def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
+        return self._read(Q[name], params)
+
+    def _b_time(self, value: Any) -> datetime | None:
+        return _ts(value)
+
+    def _b_insert_jobs(self, c: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[int]:
+        return self._insert_many(c, jobs)
+
+    def _b_insert_calls(self, c: sqlite3.Connection, template: NewJob, args_doc: str,
+                        kwargs_doc: str, item_prefix: str) -> list[int]:
+        return self._insert_batch(c, template, args_doc, kwargs_doc, item_prefix)
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> SQLiteWaiter:
         return SQLiteWaiter(self)
@@ -474,7 +548,7 @@ def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
     decoded = decode_arguments([(r["args"], r["kwargs"]) for r in rows])
     return [
         ClaimedJob(r["id"], r["queue"], r["task"], a, k, r["attempts"], r["max_attempts"],
-                   r["timeout"], r["lease_token"])
+                   r["timeout"], r["lease_token"], r["batch_item"])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 

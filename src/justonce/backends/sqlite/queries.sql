@@ -18,11 +18,11 @@ RETURNING id, state, run_at, created_at
 
 -- name: job_insert_id
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
-                           timeout, key, partition_key, created_at)
+                           timeout, key, partition_key, batch_item, created_at)
 VALUES (:queue, :task, :args, :kwargs,
         CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
         :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :key,
-        :partition_key, NOW())
+        :partition_key, :batch_item, NOW())
 ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
 DO NOTHING
 RETURNING id
@@ -30,12 +30,13 @@ RETURNING id
 -- name: job_insert_batch
 -- One task, one set of options, no keys: one row per [args, kwargs] pair of :rows (one
 -- array of pairs: joining two json_each tables would compare every row with every row).
+-- Jobs enqueued into a batch get the items :item_prefix || 0, 1, 2…
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
-                           timeout, partition_key, created_at)
+                           timeout, partition_key, batch_item, created_at)
 SELECT :queue, :task, json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]'),
        CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
        :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :partition_key,
-       NOW()
+       :item_prefix || r.key, NOW()
   FROM json_each(:rows) AS r
  ORDER BY r.key
 RETURNING id
@@ -67,7 +68,7 @@ UPDATE justonce_jobs
                WHERE state = 'ready' AND queue = :queue
                ORDER BY priority, id
                LIMIT :limit)
-RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority
+RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item
 
 -- name: job_any_ready
 SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue LIMIT 1
@@ -153,7 +154,7 @@ UPDATE justonce_jobs
  WHERE id IN (SELECT id FROM justonce_jobs
                WHERE state = 'running' AND lease_expires_at < NOW()
                ORDER BY lease_expires_at LIMIT :limit)
-RETURNING state
+RETURNING state, batch_item
 
 -- name: jobs_prune
 DELETE FROM justonce_jobs
@@ -172,6 +173,130 @@ ON CONFLICT (name) DO UPDATE
    SET next_run_at = excluded.next_run_at, last_owner = excluded.last_owner
  WHERE justonce_maintenance.next_run_at <= NOW()
 RETURNING name
+
+-- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
+-- statements are its SQLite dialect. List parameters are JSON documents.
+
+-- name: batch_open
+INSERT INTO justonce_batches (state, description, callbacks, expire_after, created_at, updated_at)
+VALUES ('open', :description, :callbacks, :expire_after, NOW(), NOW())
+RETURNING id
+
+-- name: batch_state
+SELECT state FROM justonce_batches WHERE id = :id
+
+-- name: batch_add
+UPDATE justonce_batches
+   SET total = total + :count, groups = groups + 1, updated_at = NOW()
+ WHERE id = :id AND state = 'open'
+RETURNING id
+
+-- name: batch_chunks_insert
+INSERT INTO justonce_batch_chunks (batch_id, group_id, chunk, size, pending, bits, updated_at)
+SELECT :id, :group_id, s.key, s.value, s.value, zeroblob((s.value + 7) / 8), NOW()
+  FROM json_each(:sizes) AS s
+
+-- name: batch_seal
+UPDATE justonce_batches SET state = 'sealed', sealed_at = NOW(), updated_at = NOW()
+ WHERE id = :id AND state = 'open'
+RETURNING id
+
+-- name: batch_chunks_lock
+-- The write transaction (BEGIN IMMEDIATE) already excludes every other writer.
+SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
+  FROM justonce_batch_chunks c
+  JOIN justonce_batches b ON b.id = c.batch_id
+ WHERE (c.batch_id, c.group_id, c.chunk) IN (
+        SELECT json_extract(k.value, '$[0]'), json_extract(k.value, '$[1]'),
+               json_extract(k.value, '$[2]')
+          FROM json_each(:keys) AS k)
+ ORDER BY c.batch_id, c.group_id, c.chunk
+
+-- name: batch_chunk_update
+UPDATE justonce_batch_chunks
+   SET bits = :bits, pending = :pending, updated_at = NOW()
+ WHERE batch_id = :batch_id AND group_id = :group_id AND chunk = :chunk
+
+-- name: batch_failure_insert
+INSERT INTO justonce_batch_failures (batch_id, item, reason, failed_at)
+VALUES (:batch_id, :item, :reason, NOW())
+ON CONFLICT DO NOTHING
+
+-- name: batch_group_size
+SELECT sum(size) FROM justonce_batch_chunks WHERE batch_id = :id AND group_id = :group_id
+
+-- name: batch_lock
+SELECT id, state, description, callbacks, total FROM justonce_batches
+ WHERE id IN (SELECT value FROM json_each(:ids))
+ ORDER BY id
+
+-- name: batch_pending
+SELECT DISTINCT batch_id FROM justonce_batch_chunks
+ WHERE batch_id IN (SELECT value FROM json_each(:ids)) AND pending > 0
+
+-- name: batch_failure_counts
+SELECT batch_id, count(*) FROM justonce_batch_failures
+ WHERE batch_id IN (SELECT value FROM json_each(:ids))
+ GROUP BY batch_id
+
+-- name: batch_complete
+UPDATE justonce_batches
+   SET state = 'completed', finished_at = NOW(), updated_at = NOW(),
+       acked = :acked, failed = :failed
+ WHERE id = :id AND state = 'sealed'
+
+-- name: batch_get
+SELECT b.id, b.state, b.description, b.callbacks, b.total, b.groups, b.expire_after,
+       b.created_at, b.updated_at, b.sealed_at, b.finished_at,
+       COALESCE((SELECT sum(pending) FROM justonce_batch_chunks c WHERE c.batch_id = b.id), 0),
+       (SELECT count(*) FROM justonce_batch_failures f WHERE f.batch_id = b.id)
+  FROM justonce_batches b
+ WHERE b.id = :id
+
+-- name: batch_list
+SELECT b.id, b.state, b.description, b.callbacks, b.total, b.groups, b.expire_after,
+       b.created_at, b.updated_at, b.sealed_at, b.finished_at,
+       COALESCE((SELECT sum(pending) FROM justonce_batch_chunks c WHERE c.batch_id = b.id), 0),
+       (SELECT count(*) FROM justonce_batch_failures f WHERE f.batch_id = b.id)
+  FROM justonce_batches b
+ WHERE :state IS NULL OR b.state = :state
+ ORDER BY b.id DESC
+ LIMIT :limit
+
+-- name: batch_failures
+SELECT item, reason, failed_at FROM justonce_batch_failures
+ WHERE batch_id = :id
+ ORDER BY failed_at, item
+ LIMIT :limit
+
+-- name: batches_expire
+-- Orphans: open or sealed batches with no add, seal or ack for their expire_after.
+UPDATE justonce_batches
+   SET state = 'expired', finished_at = NOW()
+ WHERE id IN (
+        SELECT x.id FROM justonce_batches x
+         WHERE x.state IN ('open','sealed')
+           AND x.updated_at < NOW() - x.expire_after
+           AND NOT EXISTS (SELECT 1 FROM justonce_batch_chunks c
+                            WHERE c.batch_id = x.id AND c.updated_at >= NOW() - x.expire_after)
+         ORDER BY x.updated_at
+         LIMIT :limit)
+RETURNING id
+
+-- name: batches_old
+SELECT id FROM justonce_batches
+ WHERE state IN ('completed','expired') AND finished_at <= NOW() - :retention
+ ORDER BY finished_at
+ LIMIT :limit
+
+-- name: batch_delete_chunks
+DELETE FROM justonce_batch_chunks WHERE batch_id = :id
+
+-- name: batch_delete_failures
+DELETE FROM justonce_batch_failures WHERE batch_id = :id
+
+-- name: batch_delete
+DELETE FROM justonce_batches WHERE id = :id
 
 -- name: db_now
 SELECT NOW()

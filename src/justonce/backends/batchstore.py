@@ -1,0 +1,298 @@
+"""The batch operations of every backend: one algorithm over each backend's own SQL.
+
+Both backends name the same statements in their ``queries.sql`` (``batch_*``) with the
+same parameters and result columns; list parameters travel as one JSON document. A backend
+mixes this class in and supplies the few primitives at the bottom (run a statement, run
+one in a transaction, read a time value).
+
+Why the bits are flipped here and not in SQL: neither SQLite nor a portable PostgreSQL
+statement can set many bits of one row in one UPDATE, and a bulk ack sets many bits of each
+chunk it touches. So an ack locks the chunk rows (``FOR UPDATE`` on Postgres, ``BEGIN
+IMMEDIATE`` on SQLite), flips the bits in memory, and writes the rows back, all in one
+transaction.
+
+Exactly-once completion: only a transaction that brings a chunk's pending count to 0 (or a
+seal) can complete a batch. It then locks the batch row and, in a *later* statement (so on
+Postgres under READ COMMITTED it reads a fresh snapshot, taken after the lock was granted),
+checks that the batch is sealed and no chunk is pending. Whichever of these transactions
+takes the batch lock last sees every other's chunks committed and completes the batch; the
+state change ``sealed → completed`` is guarded, and the callback jobs are inserted in the same
+transaction. Lock order everywhere: jobs, then chunks (sorted), then batches (sorted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from ..errors import BatchExpired, BatchNotFound, InvalidTransition, ItemNotFound
+from ..items import CHUNK_BITS, ItemGroup, ItemRef, chunk_sizes, new_group_id, parse_item_id, set_bits
+from ..models import AckResult, BatchInfo, BatchPruneReport, ItemFailure, NewJob, SealResult
+from ..types import BatchState
+
+T = TypeVar("T")
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def callback_spec(job: NewJob) -> dict[str, Any]:
+    """A validated callback job as stored in the batch row (inserted on completion)."""
+    return {
+        "task": job.task, "queue": job.queue, "args": json.loads(job.args_json),
+        "kwargs": json.loads(job.kwargs_json), "priority": job.priority,
+        "max_attempts": job.max_attempts, "timeout": job.timeout,
+        "partition_key": job.partition_key,
+    }
+
+
+def callback_job(spec: dict[str, Any], summary: dict[str, Any]) -> NewJob:
+    """The callback job to insert: the stored call, with the batch summary passed as the
+    keyword argument ``batch``."""
+    kwargs = dict(spec["kwargs"], batch=summary)
+    return NewJob(
+        task=spec["task"], queue=spec["queue"], args_json=_dumps(spec["args"]),
+        kwargs_json=_dumps(kwargs), priority=spec["priority"],
+        max_attempts=spec["max_attempts"], timeout=spec["timeout"],
+        partition_key=spec.get("partition_key"),
+    )
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+class BatchStore:
+    """Mixin: the Backend protocol's ``batch_*`` operations."""
+
+    # -- operations -----------------------------------------------------------------------
+    def batch_open(self, description: str | None, callbacks: dict[str, Any],
+                   expire_after: float, conn: Any = None) -> int:
+        params = {"description": description, "callbacks": _dumps(callbacks),
+                  "expire_after": expire_after}
+        return int(self._b_tx(conn, lambda c: self._b_rows(c, "batch_open", params))[0][0])
+
+    def batch_add(self, batch_id: int, count: int, conn: Any = None) -> ItemGroup:
+        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, count))
+
+    def batch_enqueue(self, batch_id: int, jobs: Sequence[NewJob],
+                      conn: Any = None) -> tuple[ItemGroup, list[int]]:
+        def run(c: Any) -> tuple[ItemGroup, list[int]]:
+            group = self._add_group(c, batch_id, len(jobs))
+            prefix = f"{batch_id}:{group.group_id}:"
+            bound = [j.bound_to(f"{prefix}{i}") for i, j in enumerate(jobs)]
+            return group, self._b_insert_jobs(c, bound)
+
+        return self._b_tx(conn, run)
+
+    def batch_enqueue_calls(self, batch_id: int, template: NewJob, args_doc: str,
+                            kwargs_doc: str, count: int,
+                            conn: Any = None) -> tuple[ItemGroup, list[int]]:
+        def run(c: Any) -> tuple[ItemGroup, list[int]]:
+            group = self._add_group(c, batch_id, count)
+            prefix = f"{batch_id}:{group.group_id}:"
+            return group, self._b_insert_calls(c, template, args_doc, kwargs_doc, prefix)
+
+        return self._b_tx(conn, run)
+
+    def batch_seal(self, batch_id: int, conn: Any = None) -> SealResult:
+        def run(c: Any) -> SealResult:
+            if not self._b_rows(c, "batch_seal", {"id": batch_id}):
+                state = self._state_or_raise(c, batch_id, "sealed")
+                return SealResult(batch_id, state, completed=False, already_sealed=True)
+            done = self._complete_if_done(c, [batch_id])
+            state = BatchState.COMPLETED if done else BatchState.SEALED
+            return SealResult(batch_id, state, completed=bool(done))
+
+        return self._b_tx(conn, run)
+
+    def batch_resolve(self, refs: Sequence[ItemRef], reason: str | None,
+                      conn: Any = None) -> AckResult:
+        if not refs:
+            return AckResult(0)
+        return self._b_tx(conn, lambda c: self._resolve(c, refs, reason, strict=True))
+
+    def batch_get(self, batch_id: int) -> BatchInfo | None:
+        rows = self._b_read("batch_get", {"id": batch_id})
+        return self._info(rows[0]) if rows else None
+
+    def batch_list(self, state: str | None, limit: int) -> list[BatchInfo]:
+        return [self._info(r) for r in self._b_read("batch_list", {"state": state, "limit": limit})]
+
+    def batch_failures(self, batch_id: int, limit: int) -> list[ItemFailure]:
+        rows = self._b_read("batch_failures", {"id": batch_id, "limit": limit})
+        return [ItemFailure(r[0], r[1], self._b_time(r[2])) for r in rows]  # type: ignore[arg-type]
+
+    def batches_prune(self, retention: float, limit: int = 1000) -> BatchPruneReport:
+        def run(c: Any) -> BatchPruneReport:
+            expired = len(self._b_rows(c, "batches_expire", {"limit": limit}))
+            old = [{"id": r[0]} for r in
+                   self._b_rows(c, "batches_old", {"retention": retention, "limit": limit})]
+            for name in ("batch_delete_chunks", "batch_delete_failures", "batch_delete"):
+                self._b_many(c, name, old)
+            return BatchPruneReport(expired=expired, removed=len(old))
+
+        return self._b_tx(None, run)
+
+    # -- the algorithm --------------------------------------------------------------------
+    def _add_group(self, c: Any, batch_id: int, count: int) -> ItemGroup:
+        if not self._b_rows(c, "batch_add", {"id": batch_id, "count": count}):
+            state = self._state_or_raise(c, batch_id, "added to")
+            raise InvalidTransition(
+                f"batch {batch_id} is {state}: items can only be added to an open batch"
+            )
+        group_id = new_group_id()
+        self._b_rows(c, "batch_chunks_insert", {
+            "id": batch_id, "group_id": group_id, "sizes": _dumps(chunk_sizes(count)),
+        })
+        return ItemGroup(batch_id, group_id, count)
+
+    def _state_or_raise(self, c: Any, batch_id: int, verb: str) -> BatchState:
+        rows = self._b_rows(c, "batch_state", {"id": batch_id})
+        if not rows:
+            raise BatchNotFound(f"no batch {batch_id}")
+        state = BatchState(rows[0][0])
+        if state is BatchState.EXPIRED:
+            raise BatchExpired(f"batch {batch_id} expired: it cannot be {verb}")
+        return state
+
+    def _resolve(self, c: Any, refs: Sequence[ItemRef], reason: str | None,
+                 strict: bool) -> AckResult:
+        """Mark items acked (``reason`` None) or failed. ``strict``: any id that names no
+        item, or an item of an expired batch, fails the whole call (nothing is written);
+        otherwise (a job's own item, whose batch may have been pruned) it is skipped."""
+        by_chunk: dict[tuple[int, str, int], list[ItemRef]] = defaultdict(list)
+        for ref in refs:
+            by_chunk[(ref.batch_id, ref.group_id, ref.chunk)].append(ref)
+        keys = sorted(by_chunk)
+        rows = self._b_rows(c, "batch_chunks_lock", {"keys": _dumps(keys)})
+        found = {(r[0], r[1], r[2]): r for r in rows}
+        if strict:
+            self._check_refs(c, refs, found)
+        newly_set: set[ItemRef] = set()
+        updates: list[dict[str, Any]] = []
+        failures: list[dict[str, Any]] = []
+        emptied: set[int] = set()
+        for key in keys:
+            row = found.get(key)
+            if row is None or row[6] == BatchState.EXPIRED:
+                continue
+            size, pending, bits = row[3], row[4], row[5]
+            positions = [r.bit for r in by_chunk[key] if r.bit < size]
+            new_bits, newly, _ = set_bits(bytes(bits), positions)
+            if not newly:
+                continue
+            pending -= len(newly)
+            base = key[2] * CHUNK_BITS
+            updates.append({"batch_id": key[0], "group_id": key[1], "chunk": key[2],
+                            "bits": new_bits, "pending": pending})
+            for pos in newly:
+                ref = ItemRef(key[0], key[1], base + pos)
+                newly_set.add(ref)
+                if reason is not None:
+                    failures.append({"batch_id": key[0], "item": str(ref), "reason": reason})
+            if pending == 0:
+                emptied.add(key[0])
+        if updates:
+            self._b_many(c, "batch_chunk_update", updates)
+        if failures:
+            self._b_many(c, "batch_failure_insert", failures)
+        completed = self._complete_if_done(c, sorted(emptied)) if emptied else []
+        already: list[str] = []
+        for ref in refs:
+            if ref in newly_set:
+                newly_set.discard(ref)  # a repeat later in the same call is "already"
+            else:
+                already.append(str(ref))
+        return AckResult(len(refs) - len(already), tuple(already), tuple(completed))
+
+    def _check_refs(self, c: Any, refs: Sequence[ItemRef],
+                    found: dict[tuple[int, str, int], Any]) -> None:
+        for ref in refs:
+            row = found.get((ref.batch_id, ref.group_id, ref.chunk))
+            if row is not None and row[6] == BatchState.EXPIRED:
+                raise BatchExpired(f"batch {ref.batch_id} expired: item {ref} cannot be resolved")
+            if row is not None and ref.bit < row[3]:
+                continue
+            self._state_or_raise(c, ref.batch_id, "acked")
+            size = self._b_rows(c, "batch_group_size", {"id": ref.batch_id, "group_id": ref.group_id})
+            if not size or size[0][0] is None:
+                raise ItemNotFound(f"batch {ref.batch_id} has no group {ref.group_id!r} (item {ref})")
+            raise ItemNotFound(
+                f"item {ref} is out of range: group {ref.group_id} has {size[0][0]} items "
+                f"(indexes 0 to {size[0][0] - 1})"
+            )
+
+    def _complete_if_done(self, c: Any, batch_ids: Sequence[int]) -> list[int]:
+        """Complete those of ``batch_ids`` that are sealed with nothing pending; insert
+        their callback jobs. Returns the ids completed (see the module docstring)."""
+        locked = self._b_rows(c, "batch_lock", {"ids": _dumps(sorted(batch_ids))})
+        sealed = [r for r in locked if r[1] == BatchState.SEALED]
+        if not sealed:
+            return []
+        ids = _dumps([r[0] for r in sealed])
+        busy = {r[0] for r in self._b_rows(c, "batch_pending", {"ids": ids})}
+        done = [r for r in sealed if r[0] not in busy]
+        if not done:
+            return []
+        failed = {r[0]: r[1] for r in self._b_rows(c, "batch_failure_counts", {"ids": ids})}
+        finals = []
+        for batch_id, _, description, callbacks, total in done:
+            n_failed = int(failed.get(batch_id, 0))
+            finals.append({"id": batch_id, "acked": total - n_failed, "failed": n_failed})
+            summary = {"id": batch_id, "description": description, "total": total,
+                       "acked": total - n_failed, "failed": n_failed, "succeeded": n_failed == 0}
+            specs = _json(callbacks)
+            for which in ("complete", "success") if n_failed == 0 else ("complete",):
+                if specs.get(which):
+                    self._b_insert_jobs(c, [callback_job(specs[which], summary)])
+        self._b_many(c, "batch_complete", finals)
+        return [f["id"] for f in finals]
+
+    def _resolve_job_items(self, c: Any, items: Sequence[str | None], reason: str | None) -> None:
+        """Resolve the batch items of finished jobs in the caller's transaction (lenient:
+        an item whose batch is gone or expired is skipped)."""
+        refs = [parse_item_id(i) for i in items if i]
+        if refs:
+            self._resolve(c, refs, reason, strict=False)
+
+    def _info(self, r: Sequence[Any]) -> BatchInfo:
+        (batch_id, state, description, callbacks, total, groups, expire_after, created_at,
+         updated_at, sealed_at, finished_at, pending, failed) = r
+        specs = _json(callbacks)
+        failed = int(failed)
+        return BatchInfo(
+            id=batch_id, state=BatchState(state), description=description, total=int(total),
+            acked=int(total) - int(pending) - failed, failed=failed, groups=groups,
+            expire_after=float(expire_after), created_at=self._b_time(created_at),  # type: ignore[arg-type]
+            updated_at=self._b_time(updated_at), sealed_at=self._b_time(sealed_at),  # type: ignore[arg-type]
+            finished_at=self._b_time(finished_at),
+            on_complete=(specs.get("complete") or {}).get("task"),
+            on_success=(specs.get("success") or {}).get("task"),
+        )
+
+    # -- primitives each backend supplies -------------------------------------------------
+    def _b_tx(self, conn: Any, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(c)`` atomically: in the caller's open transaction on ``conn``, or in a
+        transaction of its own."""
+        raise NotImplementedError
+
+    def _b_rows(self, c: Any, name: str, params: dict[str, Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def _b_many(self, c: Any, name: str, seq: Sequence[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def _b_time(self, value: Any) -> datetime | None:
+        raise NotImplementedError
+
+    def _b_insert_jobs(self, c: Any, jobs: Sequence[NewJob]) -> list[int]:
+        raise NotImplementedError
+
+    def _b_insert_calls(self, c: Any, template: NewJob, args_doc: str, kwargs_doc: str,
+                        item_prefix: str) -> list[int]:
+        raise NotImplementedError

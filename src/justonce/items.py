@@ -1,0 +1,134 @@
+"""Batch item ids and the bitfields that track them.
+
+An item id is ``"<batch>:<group>:<index>"``: the batch's id, the random id of the group that
+``add`` created, and the item's position in that group (0-based). ``add`` returns only the
+group id and its size, and a client builds every item id of the group itself, so adding a
+million items sends three values back, not a million ids. The random group id makes ids
+hard to forge: a guessed id names a group the batch does not have and is refused.
+
+A group is stored as chunks of :data:`CHUNK_BITS` items. Each chunk is one row with one bit
+per item (1 = resolved, that is acked or failed) and a count of the items still pending, so
+a million items take about 125 KB, and acks of items in different chunks lock different
+rows. Bit ``n`` of a chunk is bit ``n % 8`` (least significant first) of byte ``n // 8``,
+the numbering of PostgreSQL's ``get_bit`` on ``bytea``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidItemId, InvalidOption
+
+CHUNK_BITS = 8192
+"""Items per stored chunk (1 KiB of bits): small enough to rewrite on every ack, large
+enough that a million items are 123 rows."""
+MAX_GROUP_ITEMS = 100_000_000
+"""Items one ``add`` may create (12 MB of bits); a batch may have any number of groups."""
+_ITEM_ID = re.compile(r"([1-9][0-9]{0,17}):([0-9a-f]{12}):(0|[1-9][0-9]{0,8})")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ItemRef:
+    """One item, parsed from its id."""
+
+    batch_id: int
+    group_id: str
+    index: int
+
+    @property
+    def chunk(self) -> int:
+        return self.index // CHUNK_BITS
+
+    @property
+    def bit(self) -> int:
+        return self.index % CHUNK_BITS
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}:{self.group_id}:{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ItemGroup:
+    """What ``add`` returns: enough to build the ids of all ``count`` items."""
+
+    batch_id: int
+    group_id: str
+    count: int
+
+    def item_id(self, index: int) -> str:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.count:
+            raise InvalidOption(f"index must be in [0, {self.count}), not {index!r}")
+        return f"{self.batch_id}:{self.group_id}:{index}"
+
+    def item_ids(self) -> list[str]:
+        prefix = f"{self.batch_id}:{self.group_id}:"
+        return [f"{prefix}{i}" for i in range(self.count)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.item_ids())
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def parse_item_id(value: Any) -> ItemRef:
+    """Parse ``"<batch>:<group>:<index>"``; raise :class:`InvalidItemId` for anything else."""
+    if isinstance(value, ItemRef):
+        return value
+    m = _ITEM_ID.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise InvalidItemId(
+            f"malformed batch item id {shown}: expected '<batch id>:<group id>:<index>' "
+            "as returned by add(), for example '12:3f9a0c1d2b4e:0'"
+        )
+    return ItemRef(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+def parse_item_ids(values: Iterable[Any], limit: int = 100_000) -> list[ItemRef]:
+    """Parse many ids (a single string is refused: it is almost always a mistake for a
+    list of one). Duplicates are kept: the caller reports them as already acked."""
+    if isinstance(values, (str, bytes)):
+        raise InvalidItemId("pass a list of item ids, not one string")
+    refs = [parse_item_id(v) for v in values]
+    if len(refs) > limit:
+        raise InvalidOption(f"at most {limit} item ids per call, not {len(refs)}")
+    return refs
+
+
+def new_group_id() -> str:
+    return secrets.token_hex(6)
+
+
+def chunk_sizes(count: int) -> list[int]:
+    """Sizes of the chunks that hold a group of ``count`` items."""
+    full, rest = divmod(count, CHUNK_BITS)
+    return [CHUNK_BITS] * full + ([rest] if rest else [])
+
+
+def empty_bits(size: int) -> bytes:
+    return bytes((size + 7) // 8)
+
+
+def set_bits(bits: bytes, positions: Iterable[int]) -> tuple[bytes, list[int], list[int]]:
+    """Set the given bit positions. Returns (new bits, positions newly set, positions that
+    were set already, including repeats within ``positions``)."""
+    out = bytearray(bits)
+    newly: list[int] = []
+    already: list[int] = []
+    for pos in positions:
+        byte, mask = pos >> 3, 1 << (pos & 7)
+        if out[byte] & mask:
+            already.append(pos)
+        else:
+            out[byte] |= mask
+            newly.append(pos)
+    return bytes(out), newly, already
+
+
+def count_bits(bits: bytes) -> int:
+    return int.from_bytes(bits, "little").bit_count()

@@ -1,0 +1,195 @@
+"""Real worker processes for the process-level tests: started the way users start them
+(``python -m justonce worker --app proc_app:app …``), watched through their JSON logs, and
+killed at the end whatever happened. proc_app_on() points proc_app's App at a test's
+database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import proc_app
+from justonce import App, Job
+
+HERE = Path(__file__).resolve().parent
+
+# Short leases keep the tests quick: a dead worker's jobs come back within ~2.5 s.
+LEASE = 2.0
+HEARTBEAT = 0.5
+HOUSEKEEPING = 0.5
+POLL = 0.2
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}", pytrace=False)
+        time.sleep(interval)
+
+
+class WorkerProc:
+    """One ``justonce worker`` process; its JSON log lines (stderr) go to a file."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], log: Path) -> None:
+        self.popen = popen
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def events(self, event: str | None = None, job_id: int | None = None) -> list[dict[str, Any]]:
+        out = []
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a traceback line, or a line still being written
+            if not isinstance(rec, dict):
+                continue
+            if event is not None and rec.get("event") != event:
+                continue
+            if job_id is not None and rec.get("job_id") != job_id:
+                continue
+            out.append(rec)
+        return out
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of the log, without the (many) job.succeeded lines."""
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        keep = [ln for ln in text if '"event": "job.succeeded"' not in ln]
+        return f"exit status {self.popen.returncode}; log {self.log}:\n" + "\n".join(keep[-lines:])
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class Fleet:
+    """Starts worker processes against one database and kills every leftover at the end."""
+
+    def __init__(self, url: str, folder: Path) -> None:
+        self.url = url
+        self.folder = folder
+        self.procs: list[WorkerProc] = []
+
+    def command(self, *, concurrency: int, lease: float, heartbeat: float, grace: float,
+                poll: float, housekeeping_interval: float) -> list[str]:
+        return [
+            sys.executable, "-m", "justonce", "worker", "--app", "proc_app:app",
+            "--database-url", self.url, "--concurrency", str(concurrency),
+            "--lease", str(lease), "--heartbeat", str(heartbeat), "--grace", str(grace),
+            "--poll", str(poll), "--housekeeping-interval", str(housekeeping_interval),
+            "--log-level", "INFO",
+        ]
+
+    def start(self, *, concurrency: int = 2, lease: float = LEASE, heartbeat: float = HEARTBEAT,
+              grace: float = 10.0, poll: float = POLL, housekeeping_interval: float = HOUSEKEEPING,
+              ready: bool = True) -> WorkerProc:
+        env = dict(os.environ)
+        env.pop("JUSTONCE_DATABASE_URL", None)  # --database-url alone says where
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+        log = self.folder / f"worker-{len(self.procs)}.log"
+        cmd = self.command(concurrency=concurrency, lease=lease, heartbeat=heartbeat,
+                           grace=grace, poll=poll, housekeeping_interval=housekeeping_interval)
+        with open(log, "wb") as err:
+            popen = subprocess.Popen(cmd, cwd=self.folder, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=err, stderr=err, start_new_session=True)
+        proc = WorkerProc(popen, log)
+        self.procs.append(proc)
+        if ready:
+            self.wait_ready(proc)
+        return proc
+
+    def wait_ready(self, *procs: WorkerProc, timeout: float = 30.0) -> None:
+        for proc in procs:
+            def started(p: WorkerProc = proc) -> bool:
+                if p.popen.poll() is not None:
+                    pytest.fail(f"worker {p.pid} exited with {p.popen.returncode} before it "
+                                f"started:\n{p.tail()}", pytrace=False)
+                return bool(p.events("worker.started"))
+            wait_for(started, timeout, f"worker {proc.pid} to start")
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)  # works on a stopped process too
+                except ProcessLookupError:
+                    pass
+            proc.wait(10)
+
+
+@contextmanager
+def fleet_on(url: str, folder: Path) -> Iterator[Fleet]:
+    """A Fleet that kills every worker it started when the block ends."""
+    f = Fleet(url, folder)
+    try:
+        yield f
+    finally:
+        f.kill_all()
+
+
+@contextmanager
+def proc_app_on(url: str) -> Iterator[App]:
+    """proc_app's own App, pointed at ``url``, with the schema and the ledger table made."""
+    a = proc_app.app
+    a.use_database(url)
+    a.migrate()
+    proc_app.create_ledger(url)
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+def state_counts(app: App) -> Counter[str]:
+    c: Counter[str] = Counter()
+    for qc in app.queue_counts():
+        c[str(qc.state)] += qc.count
+    return c
+
+
+def ledger(url: str, event: str | None = "done") -> list[tuple[int, int, str]]:
+    return proc_app.ledger_rows(url, event)
+
+
+def error_kinds(job: Job) -> list[str]:
+    return [str(e.get("kind")) for e in job.errors]
+
+
+def running_jobs_of(app: App, proc: WorkerProc) -> list[Job]:
+    return [j for j in app.list_jobs(state="running", limit=10000)
+            if j.lease_owner and f":{proc.pid}:" in j.lease_owner]
