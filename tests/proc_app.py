@@ -9,6 +9,7 @@ helpers below are shared by the tasks (in the workers) and the tests (to read it
 from __future__ import annotations
 
 import asyncio
+import random
 import os
 import signal
 import sqlite3
@@ -155,5 +156,36 @@ def enqueue_same_key(url: str, key: str, tries: int, start: Any) -> list[tuple[i
             job = own.enqueue("proc_app.record", args=[i], key=key)
             out.append((job.id, job.duplicate))
         return out
+    finally:
+        own.close()
+
+
+# -- for the batch process tests ------------------------------------------------------------
+
+
+@app.task
+def batch_done(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch's completion callback: one ledger row (n = the batch id) each time it runs."""
+    _write(batch["id"], "batch_done")
+    return batch
+
+
+def ack_items(url: str, work: Any, results: Any, per_call: int = 500) -> None:
+    """Ack the item ids that arrive on ``work`` (lists of ids; None ends), in shuffled bulk
+    calls of ``per_call``, from this process; put (pid, resolved, already, completed) on
+    ``results``."""
+    own = justonce.App(url, strict=False)
+    rng = random.Random(os.getpid())
+    resolved = already = 0
+    completed: list[int] = []
+    try:
+        while (ids := work.get(timeout=120)) is not None:
+            rng.shuffle(ids)
+            for i in range(0, len(ids), per_call):
+                r = own.batches.ack(ids[i:i + per_call])
+                resolved += r.resolved
+                already += len(r.already)
+                completed.extend(r.completed)
+        results.put((os.getpid(), resolved, already, completed))
     finally:
         own.close()
