@@ -9,8 +9,8 @@ helpers below are shared by the tasks (in the workers) and the tests (to read it
 from __future__ import annotations
 
 import asyncio
-import random
 import os
+import random
 import signal
 import sqlite3
 import threading
