@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import InvalidItemId, InvalidOption
 
-CHUNK_BITS = 8192
+CHUNK_BITS = 2048
 """Items per stored chunk (1 KiB of bits): small enough to rewrite on every ack, large
 enough that a million items are 123 rows."""
 MAX_GROUP_ITEMS = 100_000_000
@@ -112,22 +112,6 @@ def chunk_sizes(count: int) -> list[int]:
 
 def empty_bits(size: int) -> bytes:
     return bytes((size + 7) // 8)
-
-
-def set_bits(bits: bytes, positions: Iterable[int]) -> tuple[bytes, list[int], list[int]]:
-    """Set the given bit positions. Returns (new bits, positions newly set, positions that
-    were set already, including repeats within ``positions``)."""
-    out = bytearray(bits)
-    newly: list[int] = []
-    already: list[int] = []
-    for pos in positions:
-        byte, mask = pos >> 3, 1 << (pos & 7)
-        if out[byte] & mask:
-            already.append(pos)
-        else:
-            out[byte] |= mask
-            newly.append(pos)
-    return bytes(out), newly, already
 
 
 def count_bits(bits: bytes) -> int:

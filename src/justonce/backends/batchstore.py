@@ -25,15 +25,32 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from ..errors import BatchExpired, BatchNotFound, InvalidTransition, ItemNotFound
-from ..items import CHUNK_BITS, ItemGroup, ItemRef, chunk_sizes, new_group_id, parse_item_id, set_bits
+from ..items import CHUNK_BITS, ItemGroup, ItemRef, chunk_sizes, new_group_id, parse_item_id
 from ..models import AckResult, BatchInfo, BatchPruneReport, ItemFailure, NewJob, SealResult
 from ..types import BatchState
 
 T = TypeVar("T")
+Key = tuple[int, str, int]
+"""A chunk: (batch id, group id, chunk number)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flip:
+    """What setting bits did to one chunk."""
+
+    size: int
+    state: str
+    """Its batch's state."""
+    pending_before: int
+    pending_after: int | None
+    """None when no bit changed."""
+    was_set: frozenset[int]
+    """The asked positions that were set already."""
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -111,7 +128,8 @@ class BatchStore:
                       conn: Any = None) -> AckResult:
         if not refs:
             return AckResult(0)
-        return self._b_tx(conn, lambda c: self._resolve(c, refs, reason, strict=True))
+        was_set, completed = self._b_tx(conn, lambda c: self._resolve(c, refs, reason, strict=True))
+        return self._ack_result(refs, was_set, completed)
 
     def batch_get(self, batch_id: int) -> BatchInfo | None:
         rows = self._b_read("batch_get", {"id": batch_id})
@@ -143,9 +161,9 @@ class BatchStore:
                 f"batch {batch_id} is {state}: items can only be added to an open batch"
             )
         group_id = new_group_id()
-        self._b_rows(c, "batch_chunks_insert", {
+        self._b_many(c, "batch_chunks_insert", [{
             "id": batch_id, "group_id": group_id, "sizes": _dumps(chunk_sizes(count)),
-        })
+        }])
         return ItemGroup(batch_id, group_id, count)
 
     def _state_or_raise(self, c: Any, batch_id: int, verb: str) -> BatchState:
@@ -158,62 +176,50 @@ class BatchStore:
         return state
 
     def _resolve(self, c: Any, refs: Sequence[ItemRef], reason: str | None,
-                 strict: bool) -> AckResult:
+                 strict: bool) -> tuple[dict[Key, frozenset[int]], list[int]]:
         """Mark items acked (``reason`` None) or failed. ``strict``: any id that names no
-        item, or an item of an expired batch, fails the whole call (nothing is written);
-        otherwise (a job's own item, whose batch may have been pruned) it is skipped."""
-        by_chunk: dict[tuple[int, str, int], list[ItemRef]] = defaultdict(list)
+        item, or an item of an expired batch, fails the whole call (the transaction is
+        rolled back); otherwise (a job's own item, whose batch may have been removed) it
+        is skipped. Returns, per chunk, the asked positions that were set before, and the
+        batches this call completed."""
+        by_chunk: dict[Key, set[int]] = defaultdict(set)
         for ref in refs:
-            by_chunk[(ref.batch_id, ref.group_id, ref.chunk)].append(ref)
-        keys = sorted(by_chunk)
-        rows = self._b_rows(c, "batch_chunks_lock", {"keys": _dumps(keys)})
-        found = {(r[0], r[1], r[2]): r for r in rows}
-        if strict:
-            self._check_refs(c, refs, found)
-        newly_set: set[ItemRef] = set()
-        updates: list[dict[str, Any]] = []
-        failures: list[dict[str, Any]] = []
-        emptied: set[int] = set()
-        for key in keys:
-            row = found.get(key)
-            if row is None or row[6] == BatchState.EXPIRED:
-                continue
-            size, pending, bits = row[3], row[4], row[5]
-            positions = [r.bit for r in by_chunk[key] if r.bit < size]
-            new_bits, newly, _ = set_bits(bytes(bits), positions)
-            if not newly:
-                continue
-            pending -= len(newly)
-            base = key[2] * CHUNK_BITS
-            updates.append({"batch_id": key[0], "group_id": key[1], "chunk": key[2],
-                            "bits": new_bits, "pending": pending})
-            for pos in newly:
-                ref = ItemRef(key[0], key[1], base + pos)
-                newly_set.add(ref)
-                if reason is not None:
-                    failures.append({"batch_id": key[0], "item": str(ref), "reason": reason})
-            if pending == 0:
-                emptied.add(key[0])
-        if updates:
-            self._b_many(c, "batch_chunk_update", updates)
-        if failures:
-            self._b_many(c, "batch_failure_insert", failures)
-        completed = self._complete_if_done(c, sorted(emptied)) if emptied else []
+            by_chunk[(ref.batch_id, ref.group_id, ref.chunk)].add(ref.bit)
+        flips = self._b_flip(c, by_chunk)
+        if strict and (len(flips) < len(by_chunk) or any(
+                f.state == BatchState.EXPIRED or max(by_chunk[k]) >= f.size for k, f in flips.items())):
+            self._check_refs(c, refs, flips)
+        if reason is not None:
+            failed = [{"batch_id": k[0], "item": f"{k[0]}:{k[1]}:{k[2] * CHUNK_BITS + pos}",
+                       "reason": reason}
+                      for k, f in flips.items() if f.pending_after is not None
+                      for pos in sorted(by_chunk[k]) if pos < f.size and pos not in f.was_set]
+            self._b_many(c, "batch_failure_insert", failed)
+        emptied = sorted({k[0] for k, f in flips.items() if f.pending_after == 0})
+        completed = self._complete_if_done(c, emptied) if emptied else []
+        return {k: f.was_set for k, f in flips.items()}, completed
+
+    @staticmethod
+    def _ack_result(refs: Sequence[ItemRef], was_set: dict[Key, frozenset[int]],
+                    completed: list[int]) -> AckResult:
+        """Which of ``refs`` this call resolved, and which were resolved before (or are a
+        repeat of an earlier id of the same call)."""
         already: list[str] = []
+        seen: set[ItemRef] = set()
         for ref in refs:
-            if ref in newly_set:
-                newly_set.discard(ref)  # a repeat later in the same call is "already"
-            else:
+            if ref in seen or ref.bit in was_set.get((ref.batch_id, ref.group_id, ref.chunk), ()):
                 already.append(str(ref))
+            else:
+                seen.add(ref)
         return AckResult(len(refs) - len(already), tuple(already), tuple(completed))
 
-    def _check_refs(self, c: Any, refs: Sequence[ItemRef],
-                    found: dict[tuple[int, str, int], Any]) -> None:
+    def _check_refs(self, c: Any, refs: Sequence[ItemRef], found: dict[Key, Flip]) -> None:
+        """Raise the error for the first id that names no item (or an expired one)."""
         for ref in refs:
-            row = found.get((ref.batch_id, ref.group_id, ref.chunk))
-            if row is not None and row[6] == BatchState.EXPIRED:
+            flip = found.get((ref.batch_id, ref.group_id, ref.chunk))
+            if flip is not None and flip.state == BatchState.EXPIRED:
                 raise BatchExpired(f"batch {ref.batch_id} expired: item {ref} cannot be resolved")
-            if row is not None and ref.bit < row[3]:
+            if flip is not None and ref.bit < flip.size:
                 continue
             self._state_or_raise(c, ref.batch_id, "acked")
             size = self._b_rows(c, "batch_group_size", {"id": ref.batch_id, "group_id": ref.group_id})
@@ -282,6 +288,12 @@ class BatchStore:
         raise NotImplementedError
 
     def _b_many(self, c: Any, name: str, seq: Sequence[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def _b_flip(self, c: Any, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
+        """Lock the chunks (in key order) and set the bits at ``positions`` (skipping
+        positions past a chunk's size and chunks of expired batches); a chunk that does
+        not exist is missing from the answer."""
         raise NotImplementedError
 
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:

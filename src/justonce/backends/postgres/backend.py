@@ -34,7 +34,7 @@ from ..base import (
     load_queries,
     migration_files,
 )
-from ..batchstore import BatchStore
+from ..batchstore import BatchStore, Flip, Key
 
 try:
     import psycopg
@@ -461,13 +461,19 @@ class PostgresBackend(BatchStore):
         return result
 
     def _b_rows(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[Any]:
-        cur = c.cursor(row_factory=tuple_row)
-        cur.execute(Q[name], params)
-        return cur.fetchall() if cur.description else []
+        # Every statement run here returns rows (in pipeline mode a cursor cannot tell
+        # before it fetches); statements without results go through _b_many.
+        return c.cursor(row_factory=tuple_row).execute(Q[name], params).fetchall()
 
     def _b_many(self, c: psycopg.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
         if seq:
             c.cursor().executemany(Q[name], seq)
+
+    def _b_flip(self, c: psycopg.Connection, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
+        items = [[*key, pos] for key in sorted(positions) for pos in positions[key]]
+        rows = c.cursor(row_factory=tuple_row).execute(
+            Q["batch_flip"], {"items": json.dumps(items, separators=(",", ":"))}).fetchall()
+        return {(r[0], r[1], r[2]): Flip(r[3], r[4], r[5], r[6], frozenset(r[7])) for r in rows}
 
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._fetch(name, params)

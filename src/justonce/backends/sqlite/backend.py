@@ -27,7 +27,7 @@ from ...errors import (
     SchemaError,
 )
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
-from ...types import JobState
+from ...types import BatchState, JobState
 from ..base import (
     decode_arguments,
     job_from_insert,
@@ -35,7 +35,7 @@ from ..base import (
     load_queries,
     migration_files,
 )
-from ..batchstore import BatchStore
+from ..batchstore import BatchStore, Flip, Key
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -468,6 +468,33 @@ class SQLiteBackend(BatchStore):
     def _b_many(self, c: sqlite3.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
         if seq:
             c.executemany(Q[name], seq)
+
+    def _b_flip(self, c: sqlite3.Connection, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
+        # SQLite has no bit operations on blobs: read the chunks (the write transaction
+        # already excludes every other writer), set the bits here, write them back.
+        rows = c.execute(Q["batch_chunks_lock"], {"keys": json.dumps(sorted(positions))}).fetchall()
+        out: dict[Key, Flip] = {}
+        writes = []
+        for batch_id, group_id, chunk, size, pending, blob, state in rows:
+            key = (batch_id, group_id, chunk)
+            if state == BatchState.EXPIRED:
+                out[key] = Flip(size, state, pending, None, frozenset())
+                continue
+            bits, left, was_set = bytearray(blob), pending, set()
+            for pos in positions[key]:
+                if pos >= size:
+                    continue
+                byte, mask = pos >> 3, 1 << (pos & 7)
+                if bits[byte] & mask:
+                    was_set.add(pos)
+                else:
+                    bits[byte] |= mask
+                    left -= 1
+            out[key] = Flip(size, state, pending, left if left != pending else None, frozenset(was_set))
+            if left != pending:
+                writes.append((batch_id, group_id, chunk, bytes(bits), left))
+        c.executemany(Q["batch_chunk_update"], writes)
+        return out
 
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._read(Q[name], params)

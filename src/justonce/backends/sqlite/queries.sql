@@ -213,9 +213,10 @@ SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
  ORDER BY c.batch_id, c.group_id, c.chunk
 
 -- name: batch_chunk_update
+-- Positional parameters: (batch_id, group_id, chunk, bits, pending), run once per chunk.
 UPDATE justonce_batch_chunks
-   SET bits = :bits, pending = :pending, updated_at = NOW()
- WHERE batch_id = :batch_id AND group_id = :group_id AND chunk = :chunk
+   SET bits = ?4, pending = ?5, updated_at = NOW()
+ WHERE batch_id = ?1 AND group_id = ?2 AND chunk = ?3
 
 -- name: batch_failure_insert
 INSERT INTO justonce_batch_failures (batch_id, item, reason, failed_at)

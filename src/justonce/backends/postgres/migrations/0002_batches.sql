@@ -22,16 +22,17 @@ CREATE INDEX justonce_batches_idle ON justonce_batches (updated_at)
 CREATE INDEX justonce_batches_finished ON justonce_batches (finished_at)
     WHERE state IN ('completed','expired');
 
--- Every ack rewrites one chunk row (about 1 KB). No index covers pending, bits or
+-- bits is a bit string (bit n = item n of the chunk) so that one UPDATE can OR many bits
+-- into a row. Every ack rewrites one chunk row (about 300 bytes). No index covers pending, bits or
 -- updated_at, so these updates are HOT (the old version is pruned within its page), and a
 -- fillfactor of 70 leaves each page room for the new versions.
 CREATE TABLE justonce_batch_chunks (
     batch_id   bigint      NOT NULL,
     group_id   text        NOT NULL,
     chunk      integer     NOT NULL,
-    size       integer     NOT NULL CHECK (size BETWEEN 1 AND 8192),
+    size       integer     NOT NULL CHECK (size BETWEEN 1 AND 2048),
     pending    integer     NOT NULL CHECK (pending BETWEEN 0 AND size),
-    bits       bytea       NOT NULL,
+    bits       bit varying NOT NULL CHECK (length(bits) = size),
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (batch_id, group_id, chunk)
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.05);

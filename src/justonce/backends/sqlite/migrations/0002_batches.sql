@@ -25,7 +25,7 @@ CREATE TABLE justonce_batch_chunks (
     batch_id   INTEGER NOT NULL,
     group_id   TEXT    NOT NULL,
     chunk      INTEGER NOT NULL,
-    size       INTEGER NOT NULL CHECK (size BETWEEN 1 AND 8192),
+    size       INTEGER NOT NULL CHECK (size BETWEEN 1 AND 2048),
     pending    INTEGER NOT NULL CHECK (pending BETWEEN 0 AND size),
     bits       BLOB    NOT NULL,
     updated_at REAL    NOT NULL
