@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -253,6 +255,81 @@ def test_a_job_that_ends_dead_fails_its_item(app: App, tasks: dict[str, Any],
     assert callbacks(app, "on_ok") == []
 
 
+def test_a_job_whose_last_lease_expires_fails_its_item(app: App, tasks: dict[str, Any]) -> None:
+    batch = app.batches.open(on_complete="on_done")
+    group, [job_id] = batch.enqueue_calls("item", [(1,)], max_attempts=1)
+    batch.seal()
+    [claimed] = app.backend.job_claim("default", 1, "a-worker-that-dies", lease=0.05)
+    assert claimed.batch_item == group.item_id(0)
+    time.sleep(0.1)
+    assert app.backend.jobs_rescue().dead == 1
+    assert app.get_job(job_id).state is JobState.DEAD
+    [failure] = app.batches.failures(batch.id)
+    assert failure.item == group.item_id(0) and "lease expired" in failure.reason
+    assert [(c["acked"], c["failed"]) for c in callbacks(app)] == [(0, 1)]
+
+
+def test_acks_on_the_callers_connection_commit_and_roll_back_with_it(db_url: str, app: App) -> None:
+    batch = app.batches.open()
+    ids = batch.add(3).item_ids()
+    conn = _caller_connection(db_url)
+    try:
+        conn.execute("CREATE TABLE mine (x integer)")
+        conn.commit()
+        _begin(conn)
+        assert app.batches.ack(ids[0], conn=conn).resolved == 1
+        conn.rollback()
+        assert batch.info().acked == 0
+        _begin(conn)
+        conn.execute("INSERT INTO mine VALUES (1)")
+        with pytest.raises(ItemNotFound):  # refused under a savepoint: my insert stays
+            app.batches.ack([ids[1], f"{batch.id}:{'f' * 12}:0"], conn=conn)
+        assert app.batches.ack(ids[1], conn=conn).resolved == 1
+        conn.commit()
+        assert batch.info().acked == 1
+        assert conn.execute("SELECT count(*) FROM mine").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_batch_calls_on_a_repeatable_read_connection_are_refused(pg_server_url: str) -> None:
+    """Completion needs each statement to see what committed before it (Postgres only:
+    SQLite has one writer at a time). The pool's own connections are READ COMMITTED even
+    when the server's default is not."""
+    import psycopg
+
+    from conftest import _drop_schema
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    url = f"{pg_server_url}{'&' if '?' in pg_server_url else '?'}schema={schema}"
+    app = App(url)
+    try:
+        app.migrate()
+        batch = app.batches.open()
+        ids = batch.add(2).item_ids()
+        conn = _caller_connection(url)
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        try:
+            with pytest.raises(InvalidOption, match="READ COMMITTED"):
+                app.batches.ack(ids, conn=conn)
+        finally:
+            conn.close()
+        assert batch.info().acked == 0
+        with psycopg.connect(pg_server_url, autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {admin.info.dbname} SET default_transaction_isolation "
+                          "= 'repeatable read'")
+            try:
+                other = App(url)
+                batch.seal()
+                assert other.batches.ack(ids).completed == (batch.id,)
+                other.close()
+            finally:
+                admin.execute(f"ALTER DATABASE {admin.info.dbname} RESET default_transaction_isolation")
+    finally:
+        app.close()
+        _drop_schema(pg_server_url, schema)
+
+
 def test_jobs_enqueued_into_a_batch_join_the_callers_transaction(
     db_url: str, app: App, tasks: dict[str, Any]
 ) -> None:
@@ -329,6 +406,9 @@ def test_idle_batches_expire_and_refuse_acks_and_finished_ones_are_removed(
 ) -> None:
     idle = app.batches.open(expire_after=0.2, on_complete="on_done")
     ids = idle.add(3).item_ids()
+    waiting = app.batches.open(expire_after=0.2)  # sealed: it waits for its items, however long
+    waiting.add(2)
+    waiting.seal()
     busy = app.batches.open(expire_after=0.2)
     busy_ids = busy.add(100).item_ids()
     finished = app.batches.open()
@@ -340,6 +420,7 @@ def test_idle_batches_expire_and_refuse_acks_and_finished_ones_are_removed(
     assert (report.expired, report.removed) == (1, 0)
     assert idle.info().state is BatchState.EXPIRED
     assert busy.info().state is BatchState.OPEN
+    assert waiting.info().state is BatchState.SEALED
     with pytest.raises(BatchExpired):
         app.batches.ack(ids[0])
     with pytest.raises(BatchExpired):
@@ -464,6 +545,15 @@ def test_a_bad_id_in_a_bulk_ack_fails_the_whole_call_and_changes_nothing(app: Ap
     lambda app: app.batches.ack("1:0123456789ab:0x"),
     lambda app: app.batches.ack(["1:0123456789ab:0"] * 100_001),
     lambda app: app.batches.fail("1:0123456789ab:0", reason=None),
+    lambda app: app.batches.fail("1:0123456789ab:0", reason="  "),
+    lambda app: app.batches.ack(12),
+    lambda app: app.batches.ack(None),
+    lambda app: app.batches.ack(f"{2**63}:0123456789ab:0"),
+    lambda app: app.batches.ack(f"1:0123456789ab:{i}" for i in itertools.count()),
+    lambda app: app.batches.enqueue(1, Enqueue("item", args=(1,))),
+    lambda app: app.batches.enqueue(1, "item"),
+    lambda app: app.batches.enqueue(1, ["item"]),
+    lambda app: app.enqueue_many(Enqueue("item", args=(1,))),
     lambda app: app.batches.list(state="done"),
     lambda app: app.batches.list(limit=0),
     lambda app: app.batches.failures(1, limit=-1),

@@ -13,7 +13,9 @@ from justonce import App, JobState
 from justonce.cli import cli
 
 COMMANDS = [[], ["migrate"], ["worker"], ["enqueue"], ["status"], ["jobs"], ["jobs", "list"],
-            ["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["demo"], ["demo", "jobs"]]
+            ["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["demo"], ["demo", "jobs"],
+            ["batches"], ["batches", "list"], ["batches", "show"], ["batches", "seal"],
+            ["batches", "prune"]]
 
 
 def run(*args: str, ok: bool = True):
@@ -27,7 +29,7 @@ def run(*args: str, ok: bool = True):
 def test_every_command_has_help(cmd: list[str]) -> None:
     result = run(*cmd, "--help")
     assert "Usage:" in result.output
-    if cmd and cmd != ["jobs"] and cmd != ["demo"]:
+    if cmd and cmd not in (["jobs"], ["demo"], ["batches"]):
         assert "--database-url" in result.output
 
 
@@ -106,3 +108,38 @@ def test_demo_jobs_runs_worker_processes_and_reports_no_duplicates(tmp_path: Pat
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "nothing lost, nothing completed twice" in proc.stdout
+
+
+def test_batches_commands_show_progress_seal_and_prune(db_url: str) -> None:
+    url = ["--database-url", db_url]
+    app = App(db_url)
+    try:
+        app.migrate()
+        done = app.batches.open("all done")
+        app.batches.ack(done.add(4).item_ids())
+        app.batches.fail(done.add(1).item_ids(), "no stock")
+        half = app.batches.open("half way")
+        app.batches.ack(half.add(10).item_ids()[:5])
+        listing = run("batches", "list", *url).output
+        assert "half way" in listing and "all done" in listing and "━" in listing
+        assert "no batches" in run("batches", "list", "--state", "completed", *url).output
+        assert "sealed" in run("batches", "seal", str(half.id), *url).output
+        assert "completed" in run("batches", "seal", str(done.id), *url).output
+        shown = run("batches", "show", str(done.id), *url).output
+        assert "failed items" in shown and "no stock" in shown and "completed" in shown
+        out = run("batches", "prune", "--retention", "0", *url).output
+        assert "removed 1 finished batches" in out
+        assert [b.id for b in app.batches.list()] == [half.id]
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("args", [["batches", "show", "999"], ["batches", "seal", "999"],
+                                  ["batches", "show", "0"], ["batches", "list", "--state", "x"],
+                                  ["batches", "prune", "--retention", "-1"]])
+def test_bad_batch_commands_fail_with_one_line(db_url: str, args: list[str]) -> None:
+    App(db_url).migrate()
+    result = run(*args, "--database-url", db_url, ok=False)
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines()[-1].startswith("Error: "), result.output
+    assert "Traceback" not in result.output

@@ -168,8 +168,19 @@ class App:
     def enqueue_many(self, requests: Iterable[Enqueue], conn: Any = None) -> list[int]:
         """Queue many jobs atomically in one round trip; returns ids in input order.
         Every request is validated before anything is written."""
-        rows = [self.build(r) for r in requests]
+        rows = self.build_many(requests)
         return self.backend.job_insert_many(rows, conn=conn) if rows else []
+
+    def build_many(self, requests: Iterable[Enqueue]) -> list[NewJob]:
+        """Validate many requests (all of them before anything is written)."""
+        if isinstance(requests, (Enqueue, str, Task)) or not isinstance(requests, Iterable):
+            raise InvalidOption("requests must be an iterable of Enqueue (one per job)")
+        rows = []
+        for r in requests:
+            if not isinstance(r, Enqueue):
+                raise InvalidOption(f"requests must be Enqueue objects, not {type(r).__name__}")
+            rows.append(self.build(r))
+        return rows
 
     def enqueue_calls(
         self, task: str | Task, calls: Iterable[Sequence[Any] | dict[str, Any]], *,

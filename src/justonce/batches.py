@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .app import App
 
 DEFAULT_EXPIRE_AFTER = 7 * 86400.0
-"""An open or sealed batch with no add, seal or ack for this long expires (an orphan)."""
+"""An open batch with no add or ack for this long expires (an orphan)."""
 DEFAULT_RETENTION = 7 * 86400.0
 """Completed and expired batches are removed this long after they finished."""
 MAX_DESCRIPTION = 1000
@@ -81,8 +81,9 @@ class Batches:
         enqueued only when it completes with no failed item. Each is called with its own
         arguments plus the keyword argument ``batch``: a dict with ``id``, ``description``,
         ``total``, ``acked``, ``failed`` and ``succeeded``.
-        ``expire_after``: seconds without an add, seal or ack after which housekeeping
-        expires the batch (an orphan: its callbacks never run).
+        ``expire_after``: seconds without an add or ack after which housekeeping expires
+        the batch if it is still open (an orphan: its callbacks never run). A sealed
+        batch does not expire.
         """
         if description is not None:
             description = validate.text(description, "description", MAX_DESCRIPTION)
@@ -110,7 +111,7 @@ class Batches:
         succeeds acks its item in the transaction that records its success; a job that
         ends dead or is cancelled marks its item failed. Returns the group and the job
         ids (job ``i`` is item ``i`` of the group)."""
-        rows = [self.app.build(r) for r in requests]
+        rows = self.app.build_many(requests)
         _check_jobs(len(rows), any(r.key is not None for r in rows))
         return self.app.backend.batch_enqueue(validate.batch_id(batch_id), rows, conn=conn)
 
@@ -135,16 +136,16 @@ class Batches:
     def ack(self, item_ids: str | Iterable[str], conn: Any = None) -> AckResult:
         """Ack one item id or many, atomically. Acking an item again changes nothing and
         is reported in ``already``; an id that names no item fails the whole call."""
-        ids = [item_ids] if isinstance(item_ids, str) else item_ids
-        refs = parse_item_ids(ids, MAX_ACK_IDS)
+        refs = parse_item_ids(item_ids, MAX_ACK_IDS)
         return self.app.backend.batch_resolve(refs, None, conn=conn)
 
     def fail(self, item_ids: str | Iterable[str], reason: str, conn: Any = None) -> AckResult:
         """Mark items failed (they will not be acked: the batch completes with failures,
         and only ``on_complete`` runs). An item already acked or failed stays as it is."""
-        ids = [item_ids] if isinstance(item_ids, str) else item_ids
-        refs = parse_item_ids(ids, MAX_ACK_IDS)
+        refs = parse_item_ids(item_ids, MAX_ACK_IDS)
         reason = validate.text(reason, "reason", MAX_REASON)
+        if not reason.strip():
+            raise InvalidOption("reason must say why the items failed")
         return self.app.backend.batch_resolve(refs, reason, conn=conn)
 
     def get(self, batch_id: int) -> BatchInfo:
@@ -169,7 +170,7 @@ class Batches:
         return self.app.backend.batch_failures(batch_id, validate.count(limit, "limit", 100_000))
 
     def prune(self, retention: float | timedelta = DEFAULT_RETENTION) -> BatchPruneReport:
-        """Expire orphans (open or sealed batches idle past their ``expire_after``) and
+        """Expire orphans (open batches idle past their ``expire_after``) and
         remove completed and expired batches finished more than ``retention`` s ago.
         Workers do this in their housekeeping; this runs it now."""
         seconds = validate.bounded(retention, "retention", 0, validate.MAX_DELAY_SECONDS)

@@ -321,7 +321,7 @@ def batches_seal(batch_id: int, database_url: str | None) -> None:
               help="Remove completed and expired batches finished this many seconds ago.")
 @database_option
 def batches_prune(retention: float, database_url: str | None) -> None:
-    """Expire idle open/sealed batches and remove old finished ones now (workers do it
+    """Expire idle open batches and remove old finished ones now (workers do it
     in their housekeeping too)."""
     report = App(database_url).batches.prune(retention)
     out.print(f"expired {report.expired} idle batches, removed {report.removed} finished batches")

@@ -15,6 +15,7 @@ the numbering of PostgreSQL's ``get_bit`` on ``bytea``.
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 from collections.abc import Iterable, Iterator
@@ -28,7 +29,7 @@ CHUNK_BITS = 2048
 enough that a million items are 123 rows."""
 MAX_GROUP_ITEMS = 100_000_000
 """Items one ``add`` may create (12 MB of bits); a batch may have any number of groups."""
-_ITEM_ID = re.compile(r"([1-9][0-9]{0,17}):([0-9a-f]{12}):(0|[1-9][0-9]{0,8})")
+_ITEM_ID = re.compile(r"([1-9][0-9]{0,18}):([0-9a-f]{12}):(0|[1-9][0-9]{0,8})")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -80,7 +81,7 @@ def parse_item_id(value: Any) -> ItemRef:
     if isinstance(value, ItemRef):
         return value
     m = _ITEM_ID.fullmatch(value) if isinstance(value, str) else None
-    if m is None:
+    if m is None or int(m.group(1)) >= 2**63:
         shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
         raise InvalidItemId(
             f"malformed batch item id {shown}: expected '<batch id>:<group id>:<index>' "
@@ -89,14 +90,18 @@ def parse_item_id(value: Any) -> ItemRef:
     return ItemRef(int(m.group(1)), m.group(2), int(m.group(3)))
 
 
-def parse_item_ids(values: Iterable[Any], limit: int = 100_000) -> list[ItemRef]:
-    """Parse many ids (a single string is refused: it is almost always a mistake for a
-    list of one). Duplicates are kept: the caller reports them as already acked."""
-    if isinstance(values, (str, bytes)):
-        raise InvalidItemId("pass a list of item ids, not one string")
-    refs = [parse_item_id(v) for v in values]
+def parse_item_ids(values: Iterable[Any] | str, limit: int = 100_000) -> list[ItemRef]:
+    """Parse one id (a string) or many (any iterable of strings). Duplicates are kept: the
+    caller reports them as already acked. More than ``limit`` ids are refused before any
+    is parsed past the limit."""
+    if isinstance(values, (str, ItemRef)):
+        return [parse_item_id(values)]
+    if isinstance(values, (bytes, bytearray)) or not isinstance(values, Iterable):
+        raise InvalidItemId(
+            f"expected an item id or an iterable of item ids, not {type(values).__name__}")
+    refs = [parse_item_id(v) for v in itertools.islice(values, limit + 1)]
     if len(refs) > limit:
-        raise InvalidOption(f"at most {limit} item ids per call, not {len(refs)}")
+        raise InvalidOption(f"at most {limit} item ids per call")
     return refs
 
 

@@ -33,8 +33,8 @@ class BatchState(StrEnum):
     """Where a batch is in its life.
 
     ``open`` (items may be added) → ``sealed`` (no more items) → ``completed`` (every item
-    acked or failed; the callbacks were enqueued). An open or sealed batch with no activity
-    for its ``expire_after`` becomes ``expired``: an orphan, whose callbacks never run.
+    acked or failed; the callbacks were enqueued). An open batch with no activity for its
+    ``expire_after`` becomes ``expired``: an orphan, whose callbacks never run.
     """
 
     OPEN = "open"

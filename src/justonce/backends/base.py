@@ -141,8 +141,10 @@ class Backend(Protocol):
         """Delete finished jobs older than the retention (seconds). Returns how many."""
 
     # -- batches (one algorithm for every backend: batchstore.py) -------------------------
-    # Every operation taking ``conn`` joins the caller's open transaction on it (or runs
-    # in a transaction of its own on it when none is open).
+    # Every operation taking ``conn`` runs on the caller's connection, atomically, under a
+    # savepoint: inside the caller's transaction (opened if none is, and left for the
+    # caller to commit), or, on a connection in autocommit mode, in a transaction of its
+    # own that it commits. On Postgres the connection must be READ COMMITTED.
     def batch_open(self, description: str | None, callbacks: dict[str, Any],
                    expire_after: float, conn: Any = None) -> int:
         """Create an open batch; ``callbacks`` maps "complete" / "success" to the stored
@@ -183,7 +185,7 @@ class Backend(Protocol):
     def batch_failures(self, batch_id: int, limit: int) -> list[ItemFailure]: ...
 
     def batches_prune(self, retention: float, limit: int = 1000) -> BatchPruneReport:
-        """One round: expire up to ``limit`` idle open/sealed batches, and delete up to
+        """One round: expire up to ``limit`` idle open batches, and delete up to
         ``limit`` completed/expired batches finished more than ``retention`` s ago."""
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:

@@ -3,13 +3,13 @@
 Both backends name the same statements in their ``queries.sql`` (``batch_*``) with the
 same parameters and result columns; list parameters travel as one JSON document. A backend
 mixes this class in and supplies the few primitives at the bottom (run a statement, run
-one in a transaction, read a time value).
+one in a transaction, set bits, read a time value).
 
-Why the bits are flipped here and not in SQL: neither SQLite nor a portable PostgreSQL
-statement can set many bits of one row in one UPDATE, and a bulk ack sets many bits of each
-chunk it touches. So an ack locks the chunk rows (``FOR UPDATE`` on Postgres, ``BEGIN
-IMMEDIATE`` on SQLite), flips the bits in memory, and writes the rows back, all in one
-transaction.
+Setting bits is the one primitive written twice (``_b_flip``): on Postgres the bits are a
+bit string and one statement locks the chunks, ORs a mask into each and reports what was set
+before, so a chunk's lock is held for that statement and the commit only; SQLite has no bit
+operations on blobs, and its write transaction (``BEGIN IMMEDIATE``) already excludes every
+other writer, so it reads the chunks, sets the bits in Python and writes them back.
 
 Exactly-once completion: only a transaction that brings a chunk's pending count to 0 (or a
 seal) can complete a batch. It then locks the batch row and, in a *later* statement (so on
@@ -17,7 +17,10 @@ Postgres under READ COMMITTED it reads a fresh snapshot, taken after the lock wa
 checks that the batch is sealed and no chunk is pending. Whichever of these transactions
 takes the batch lock last sees every other's chunks committed and completes the batch; the
 state change ``sealed → completed`` is guarded, and the callback jobs are inserted in the same
-transaction. Lock order everywhere: jobs, then chunks (sorted), then batches (sorted).
+transaction. On Postgres this needs READ COMMITTED: the pool's connections are set to it,
+and a caller's connection in another level is refused. Lock order everywhere: jobs, then
+chunks (sorted), then batches (sorted); ``add`` inserts its chunks and jobs before it takes
+the batch row, so a large add does not hold up completing acks.
 """
 
 from __future__ import annotations
@@ -91,32 +94,36 @@ class BatchStore:
         return int(self._b_tx(conn, lambda c: self._b_rows(c, "batch_open", params))[0][0])
 
     def batch_add(self, batch_id: int, count: int, conn: Any = None) -> ItemGroup:
-        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, count))
+        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, count, lambda g: [])[0])
 
     def batch_enqueue(self, batch_id: int, jobs: Sequence[NewJob],
                       conn: Any = None) -> tuple[ItemGroup, list[int]]:
-        def run(c: Any) -> tuple[ItemGroup, list[int]]:
-            group = self._add_group(c, batch_id, len(jobs))
+        def insert(c: Any, group: ItemGroup) -> list[int]:
             prefix = f"{batch_id}:{group.group_id}:"
-            bound = [j.bound_to(f"{prefix}{i}") for i, j in enumerate(jobs)]
-            return group, self._b_insert_jobs(c, bound)
+            return self._b_insert_jobs(c, [j.bound_to(f"{prefix}{i}") for i, j in enumerate(jobs)])
 
-        return self._b_tx(conn, run)
+        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, len(jobs),
+                                                          lambda g: insert(c, g)))
 
     def batch_enqueue_calls(self, batch_id: int, template: NewJob, args_doc: str,
                             kwargs_doc: str, count: int,
                             conn: Any = None) -> tuple[ItemGroup, list[int]]:
-        def run(c: Any) -> tuple[ItemGroup, list[int]]:
-            group = self._add_group(c, batch_id, count)
+        def insert(c: Any, group: ItemGroup) -> list[int]:
             prefix = f"{batch_id}:{group.group_id}:"
-            return group, self._b_insert_calls(c, template, args_doc, kwargs_doc, prefix)
+            return self._b_insert_calls(c, template, args_doc, kwargs_doc, prefix)
 
-        return self._b_tx(conn, run)
+        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, count,
+                                                          lambda g: insert(c, g)))
 
     def batch_seal(self, batch_id: int, conn: Any = None) -> SealResult:
         def run(c: Any) -> SealResult:
             if not self._b_rows(c, "batch_seal", {"id": batch_id}):
                 state = self._state_or_raise(c, batch_id, "sealed")
+                # Sealing again also re-checks completion: cheap, and it repairs a batch
+                # whose completion was missed (it cannot complete it twice).
+                if state is BatchState.SEALED and self._complete_if_done(c, [batch_id]):
+                    return SealResult(batch_id, BatchState.COMPLETED, completed=True,
+                                      already_sealed=True)
                 return SealResult(batch_id, state, completed=False, already_sealed=True)
             done = self._complete_if_done(c, [batch_id])
             state = BatchState.COMPLETED if done else BatchState.SEALED
@@ -143,28 +150,37 @@ class BatchStore:
         return [ItemFailure(r[0], r[1], self._b_time(r[2])) for r in rows]  # type: ignore[arg-type]
 
     def batches_prune(self, retention: float, limit: int = 1000) -> BatchPruneReport:
-        def run(c: Any) -> BatchPruneReport:
-            expired = len(self._b_rows(c, "batches_expire", {"limit": limit}))
+        # Two transactions, each in the lock order of acks (chunks before batches): the
+        # removal deletes chunks first; the expiry touches batch rows only.
+        def remove(c: Any) -> int:
             old = [{"id": r[0]} for r in
                    self._b_rows(c, "batches_old", {"retention": retention, "limit": limit})]
             for name in ("batch_delete_chunks", "batch_delete_failures", "batch_delete"):
                 self._b_many(c, name, old)
-            return BatchPruneReport(expired=expired, removed=len(old))
+            return len(old)
 
-        return self._b_tx(None, run)
+        removed = self._b_tx(None, remove)
+        expired = len(self._b_tx(None, lambda c: self._b_rows(c, "batches_expire", {"limit": limit})))
+        return BatchPruneReport(expired=expired, removed=removed)
 
     # -- the algorithm --------------------------------------------------------------------
-    def _add_group(self, c: Any, batch_id: int, count: int) -> ItemGroup:
+    def _add_group(self, c: Any, batch_id: int, count: int,
+                   then: Callable[[ItemGroup], list[int]]) -> tuple[ItemGroup, list[int]]:
+        """Insert a group's chunks, run ``then`` (the group's jobs), and only then take the
+        batch row's lock to count the group in, so that a large add does not hold up the
+        acks that complete chunks of the same batch. A batch that is not open (or does not
+        exist) raises, and the transaction rolls back what was inserted."""
+        group = ItemGroup(batch_id, new_group_id(), count)
+        self._b_many(c, "batch_chunks_insert", [{
+            "id": batch_id, "group_id": group.group_id, "sizes": _dumps(chunk_sizes(count)),
+        }])
+        job_ids = then(group)
         if not self._b_rows(c, "batch_add", {"id": batch_id, "count": count}):
             state = self._state_or_raise(c, batch_id, "added to")
             raise InvalidTransition(
                 f"batch {batch_id} is {state}: items can only be added to an open batch"
             )
-        group_id = new_group_id()
-        self._b_many(c, "batch_chunks_insert", [{
-            "id": batch_id, "group_id": group_id, "sizes": _dumps(chunk_sizes(count)),
-        }])
-        return ItemGroup(batch_id, group_id, count)
+        return group, job_ids
 
     def _state_or_raise(self, c: Any, batch_id: int, verb: str) -> BatchState:
         rows = self._b_rows(c, "batch_state", {"id": batch_id})

@@ -104,7 +104,7 @@ class PostgresBackend(BatchStore):
                         self.conninfo, min_size=1, max_size=self.pool_size,
                         kwargs={**self._kwargs, "connect_timeout": int(self.connect_timeout)},
                         open=False, timeout=self.connect_timeout, reconnect_timeout=3600,
-                        name="justonce",
+                        name="justonce", configure=_read_committed,
                     )
                     try:
                         pool.open(wait=True, timeout=self.connect_timeout)
@@ -445,6 +445,13 @@ class PostgresBackend(BatchStore):
         if conn is None:
             return self._on(None, fn, atomic=True)
         c = self._caller_connection(conn)
+        level = c.execute("SHOW transaction_isolation").fetchone()
+        if level is None or level[0] != "read committed":
+            raise InvalidOption(
+                "batch operations on your connection need READ COMMITTED isolation (each "
+                "statement must see what committed before it), not "
+                f"{level[0] if level else 'unknown'}: use another connection for them"
+            )
         if c.autocommit:  # a transaction of its own (a savepoint inside a transaction block)
             with c.transaction():
                 return fn(c)
@@ -503,6 +510,12 @@ class PostgresBackend(BatchStore):
         return psycopg.connect(
             self.conninfo, **self._kwargs, connect_timeout=int(self.connect_timeout)
         )
+
+
+def _read_committed(conn: psycopg.Connection) -> None:
+    """READ COMMITTED whatever the server's or role's default: batch completion relies on
+    each statement seeing what committed before it started (see batchstore.py)."""
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
 
 
 def _claimed(rows: list[Any]) -> list[ClaimedJob]:

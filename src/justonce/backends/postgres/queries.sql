@@ -272,7 +272,10 @@ RETURNING name
 SELECT now()
 
 -- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
--- statements are its PostgreSQL dialect. List parameters are JSON documents.
+-- statements are its PostgreSQL dialect. List parameters are JSON documents. The planner
+-- guesses 100 rows for jsonb_array_elements, which can turn a look-up of two batches into
+-- a scan of every chunk; ids are therefore handed over as ARRAY(SELECT …), an InitPlan
+-- that `id = ANY(...)` looks up through the primary key.
 
 -- name: batch_open
 INSERT INTO justonce_batches (state, description, callbacks, expire_after)
@@ -314,7 +317,8 @@ WITH want AS (
     SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
       FROM justonce_batch_chunks c
       JOIN justonce_batches b ON b.id = c.batch_id
-     WHERE (c.batch_id, c.group_id, c.chunk) IN (SELECT batch_id, group_id, chunk FROM want)
+     WHERE c.batch_id = ANY(ARRAY(SELECT DISTINCT batch_id FROM want))
+       AND (c.batch_id, c.group_id, c.chunk) IN (SELECT batch_id, group_id, chunk FROM want)
      ORDER BY c.batch_id, c.group_id, c.chunk
        FOR UPDATE OF c
 ), asked AS (
@@ -351,18 +355,19 @@ SELECT sum(size) FROM justonce_batch_chunks WHERE batch_id = %(id)s AND group_id
 
 -- name: batch_lock
 SELECT id, state, description, callbacks, total FROM justonce_batches
- WHERE id IN (SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb))
+ WHERE id = ANY(ARRAY(SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb)))
  ORDER BY id
    FOR UPDATE
 
 -- name: batch_pending
-SELECT DISTINCT batch_id FROM justonce_batch_chunks
- WHERE batch_id IN (SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb))
-   AND pending > 0
+-- Runs under the batch lock: one early-exit probe per batch.
+SELECT i.id FROM unnest(ARRAY(SELECT value::bigint
+                                FROM jsonb_array_elements_text(%(ids)s::jsonb))) AS i(id)
+ WHERE EXISTS (SELECT 1 FROM justonce_batch_chunks c WHERE c.batch_id = i.id AND c.pending > 0)
 
 -- name: batch_failure_counts
 SELECT batch_id, count(*) FROM justonce_batch_failures
- WHERE batch_id IN (SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb))
+ WHERE batch_id = ANY(ARRAY(SELECT value::bigint FROM jsonb_array_elements_text(%(ids)s::jsonb)))
  GROUP BY batch_id
 
 -- name: batch_complete
@@ -396,12 +401,13 @@ SELECT item, reason, failed_at FROM justonce_batch_failures
  LIMIT %(limit)s
 
 -- name: batches_expire
--- Orphans: open or sealed batches with no add, seal or ack for their expire_after.
+-- Orphans: open batches with no add or ack for their expire_after. (A sealed batch waits
+-- for its items, however long their jobs are delayed or backed off.)
 UPDATE justonce_batches b
    SET state = 'expired', finished_at = now()
  WHERE b.id IN (
         SELECT x.id FROM justonce_batches x
-         WHERE x.state IN ('open','sealed')
+         WHERE x.state = 'open'
            AND x.updated_at < now() - x.expire_after * interval '1 second'
            AND NOT EXISTS (SELECT 1 FROM justonce_batch_chunks c
                             WHERE c.batch_id = x.id
@@ -409,7 +415,7 @@ UPDATE justonce_batches b
          ORDER BY x.updated_at
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED)
-   AND b.state IN ('open','sealed')
+   AND b.state = 'open'
 RETURNING b.id
 
 -- name: batches_old

@@ -444,8 +444,10 @@ class SQLiteBackend(BatchStore):
         # Inside the caller's transaction (opened here if the connection has none, as
         # sqlite3 itself would before a write), under a savepoint so that a refused call
         # leaves the caller's own writes alone. A connection in autocommit mode
-        # (isolation_level None) gets a transaction of its own, committed here.
-        own = not c.in_transaction and c.isolation_level is None
+        # (isolation_level None, or autocommit=True on Python 3.12+) gets a transaction of
+        # its own, committed here.
+        own = not c.in_transaction and (
+            c.isolation_level is None or getattr(c, "autocommit", None) is True)
         if not c.in_transaction:
             self._busy_retry(lambda: c.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
         c.execute("SAVEPOINT justonce")

@@ -203,13 +203,13 @@ RETURNING id
 
 -- name: batch_chunks_lock
 -- The write transaction (BEGIN IMMEDIATE) already excludes every other writer.
+-- A join on all three key columns, so each key is one look-up in the unique index.
 SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
-  FROM justonce_batch_chunks c
+  FROM json_each(:keys) AS k
+  JOIN justonce_batch_chunks c
+    ON c.batch_id = json_extract(k.value, '$[0]') AND c.group_id = json_extract(k.value, '$[1]')
+   AND c.chunk = json_extract(k.value, '$[2]')
   JOIN justonce_batches b ON b.id = c.batch_id
- WHERE (c.batch_id, c.group_id, c.chunk) IN (
-        SELECT json_extract(k.value, '$[0]'), json_extract(k.value, '$[1]'),
-               json_extract(k.value, '$[2]')
-          FROM json_each(:keys) AS k)
  ORDER BY c.batch_id, c.group_id, c.chunk
 
 -- name: batch_chunk_update
@@ -271,12 +271,13 @@ SELECT item, reason, failed_at FROM justonce_batch_failures
  LIMIT :limit
 
 -- name: batches_expire
--- Orphans: open or sealed batches with no add, seal or ack for their expire_after.
+-- Orphans: open batches with no add or ack for their expire_after. (A sealed batch waits
+-- for its items, however long their jobs are delayed or backed off.)
 UPDATE justonce_batches
    SET state = 'expired', finished_at = NOW()
  WHERE id IN (
         SELECT x.id FROM justonce_batches x
-         WHERE x.state IN ('open','sealed')
+         WHERE x.state = 'open'
            AND x.updated_at < NOW() - x.expire_after
            AND NOT EXISTS (SELECT 1 FROM justonce_batch_chunks c
                             WHERE c.batch_id = x.id AND c.updated_at >= NOW() - x.expire_after)

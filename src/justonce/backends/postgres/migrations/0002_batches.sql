@@ -17,8 +17,7 @@ CREATE TABLE justonce_batches (
     sealed_at    timestamptz,
     finished_at  timestamptz
 );
-CREATE INDEX justonce_batches_idle ON justonce_batches (updated_at)
-    WHERE state IN ('open','sealed');
+CREATE INDEX justonce_batches_idle ON justonce_batches (updated_at) WHERE state = 'open';
 CREATE INDEX justonce_batches_finished ON justonce_batches (finished_at)
     WHERE state IN ('completed','expired');
 
