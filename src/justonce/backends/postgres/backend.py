@@ -477,9 +477,9 @@ class PostgresBackend(BatchStore):
             c.cursor().executemany(Q[name], seq)
 
     def _b_flip(self, c: psycopg.Connection, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
-        items = [[*key, pos] for key in sorted(positions) for pos in positions[key]]
+        chunks = [[*key, sorted(positions[key])] for key in sorted(positions)]
         rows = c.cursor(row_factory=tuple_row).execute(
-            Q["batch_flip"], {"items": json.dumps(items, separators=(",", ":"))}).fetchall()
+            Q["batch_flip"], {"chunks": json.dumps(chunks, separators=(",", ":"))}).fetchall()
         return {(r[0], r[1], r[2]): Flip(r[3], r[4], r[5], r[6], frozenset(r[7])) for r in rows}
 
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:

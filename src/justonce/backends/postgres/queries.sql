@@ -303,47 +303,45 @@ UPDATE justonce_batches SET state = 'sealed', sealed_at = now(), updated_at = no
 RETURNING id
 
 -- name: batch_flip
--- Set the bits of the asked items (%(items)s: [[batch id, group id, chunk, position], ...])
--- in one statement: lock the chunks in key order (two bulk acks cannot deadlock), OR one
--- mask per chunk into its bits, and report per chunk: size, batch state, pending before
--- and after (NULL when nothing changed) and the asked positions that were set already.
--- All CTEs share one snapshot, but `old` locks with FOR UPDATE, which returns the newest
--- version of each row, and the UPDATE re-reads that same locked version.
+-- Set the bits of the asked items in one statement. %(chunks)s: [[batch id, group id, chunk,
+-- [positions]], ...], one entry per chunk. Lock the chunks in key order (two bulk acks
+-- cannot deadlock), OR one mask per chunk into its bits, and report per chunk: size, batch
+-- state, pending before and after (NULL when nothing changed) and the asked positions that
+-- were set already. All CTEs share one snapshot, but `old` locks with FOR UPDATE, which
+-- returns the newest version of each row, and the UPDATE re-reads that same locked version.
 WITH want AS (
-    SELECT DISTINCT (w->>0)::bigint AS batch_id, w->>1 AS group_id, (w->>2)::int AS chunk,
-           (w->>3)::int AS pos
-      FROM jsonb_array_elements(%(items)s::jsonb) AS w
+    SELECT (w->>0)::bigint AS batch_id, w->>1 AS group_id, (w->>2)::int AS chunk,
+           ARRAY(SELECT p::int FROM jsonb_array_elements_text(w->3) AS p) AS pos
+      FROM jsonb_array_elements(%(chunks)s::jsonb) AS w
 ), old AS (
-    SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
-      FROM justonce_batch_chunks c
+    SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state, w.pos
+      FROM want w
+      JOIN justonce_batch_chunks c
+        ON c.batch_id = w.batch_id AND c.group_id = w.group_id AND c.chunk = w.chunk
       JOIN justonce_batches b ON b.id = c.batch_id
-     WHERE c.batch_id = ANY(ARRAY(SELECT DISTINCT batch_id FROM want))
-       AND (c.batch_id, c.group_id, c.chunk) IN (SELECT batch_id, group_id, chunk FROM want)
      ORDER BY c.batch_id, c.group_id, c.chunk
        FOR UPDATE OF c
 ), asked AS (
-    SELECT o.batch_id, o.group_id, o.chunk,
-           bit_or(set_bit(o.bits # o.bits, w.pos, 1)) AS mask,
-           array_agg(w.pos) FILTER (WHERE get_bit(o.bits, w.pos) = 1) AS was_set
+    SELECT o.batch_id, o.group_id, o.chunk, o.size, o.state, o.pending,
+           CASE WHEN o.state <> 'expired' THEN
+               (SELECT bit_or(set_bit(o.bits # o.bits, p, 1)) FROM unnest(o.pos) AS p
+                 WHERE p < o.size) END AS mask,
+           ARRAY(SELECT p FROM unnest(o.pos) AS p
+                  WHERE p < o.size AND get_bit(o.bits, p) = 1) AS was_set
       FROM old o
-      JOIN want w ON (w.batch_id, w.group_id, w.chunk) = (o.batch_id, o.group_id, o.chunk)
-     WHERE w.pos < o.size AND o.state <> 'expired'
-     GROUP BY o.batch_id, o.group_id, o.chunk
 ), up AS (
     UPDATE justonce_batch_chunks c
        SET bits = c.bits | a.mask,
            pending = c.pending - bit_count(a.mask & ~c.bits)::int,
            updated_at = now()
       FROM asked a
-     WHERE (c.batch_id, c.group_id, c.chunk) = (a.batch_id, a.group_id, a.chunk)
-       AND bit_count(a.mask & ~c.bits) > 0
+     WHERE c.batch_id = a.batch_id AND c.group_id = a.group_id AND c.chunk = a.chunk
+       AND a.mask IS NOT NULL AND bit_count(a.mask & ~c.bits) > 0
     RETURNING c.batch_id, c.group_id, c.chunk, c.pending
 )
-SELECT o.batch_id, o.group_id, o.chunk, o.size, o.state, o.pending, up.pending,
-       COALESCE(a.was_set, '{}')
-  FROM old o
-  LEFT JOIN asked a ON (a.batch_id, a.group_id, a.chunk) = (o.batch_id, o.group_id, o.chunk)
-  LEFT JOIN up ON (up.batch_id, up.group_id, up.chunk) = (o.batch_id, o.group_id, o.chunk)
+SELECT a.batch_id, a.group_id, a.chunk, a.size, a.state, a.pending, up.pending, a.was_set
+  FROM asked a
+  LEFT JOIN up ON up.batch_id = a.batch_id AND up.group_id = a.group_id AND up.chunk = a.chunk
 
 -- name: batch_failure_insert
 INSERT INTO justonce_batch_failures (batch_id, item, reason)
