@@ -189,3 +189,160 @@ def ack_items(url: str, work: Any, results: Any, per_call: int = 500) -> None:
         results.put((os.getpid(), resolved, already, completed))
     finally:
         own.close()
+
+
+# -- for the partition tests ----------------------------------------------------------------
+
+PARTITION_TABLES = {
+    "sqlite": [
+        "CREATE TABLE IF NOT EXISTS lease_log (id INTEGER PRIMARY KEY AUTOINCREMENT, slot INTEGER,"
+        " token INTEGER, pid INTEGER, event TEXT, expires REAL, at REAL)",
+        "CREATE TABLE IF NOT EXISTS fenced_writes (slot INTEGER, token INTEGER, pid INTEGER, at REAL)",
+        "CREATE TABLE IF NOT EXISTS order_log (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT,"
+        " i INTEGER, event TEXT, pid INTEGER)",
+        "CREATE TABLE IF NOT EXISTS scan_rows (id INTEGER PRIMARY KEY)",
+        "CREATE TABLE IF NOT EXISTS processed (id INTEGER NOT NULL, pid INTEGER NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS processed_id ON processed (id)",
+    ],
+    "postgres": [
+        "CREATE TABLE IF NOT EXISTS lease_log (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " slot int, token bigint, pid int, event text, expires float8, at float8)",
+        "CREATE TABLE IF NOT EXISTS fenced_writes (slot int, token bigint, pid int, at float8)",
+        "CREATE TABLE IF NOT EXISTS order_log (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " key text, i int, event text, pid int)",
+        "CREATE TABLE IF NOT EXISTS scan_rows (id bigint PRIMARY KEY)",
+        "CREATE TABLE IF NOT EXISTS processed (id bigint NOT NULL, pid int NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS processed_id ON processed (id)",
+    ],
+}
+DB_NOW = {"sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+          "postgres": "extract(epoch from clock_timestamp())"}
+
+
+def dialect(conn: Any) -> str:
+    return "sqlite" if isinstance(conn, sqlite3.Connection) else "postgres"
+
+
+def create_partition_tables(url: str) -> None:
+    conn = ledger_connect(url)
+    try:
+        for ddl in PARTITION_TABLES[dialect(conn)]:
+            conn.execute(ddl)
+    finally:
+        conn.close()
+
+
+class _Tx:
+    """A write transaction on an autocommit ledger connection, on either backend."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> Any:
+        if dialect(self.conn) == "sqlite":
+            self.conn.execute("BEGIN IMMEDIATE")
+            return self.conn
+        self._tx = self.conn.transaction()
+        self._tx.__enter__()
+        return self.conn
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if dialect(self.conn) == "sqlite":
+            self.conn.execute("ROLLBACK" if et else "COMMIT")
+        else:
+            self._tx.__exit__(et, ev, tb)
+
+
+def _log_lease(conn: Any, lease: Any, event: str) -> None:
+    conn.execute(_sql(conn, f"INSERT INTO lease_log (slot, token, pid, event, expires, at) "
+                            f"VALUES (?, ?, ?, ?, ?, {DB_NOW[dialect(conn)]})"),
+                 (lease.slot, lease.token, os.getpid(), event, lease.expires_at.timestamp()))
+
+
+def hold_slot(url: str, set_name: str, n: int, lease: float) -> None:
+    """Take a slot (standing by while all are held), log it, renew every lease/3 and log
+    each renewal with its new expiry, until killed or the slot is lost."""
+    own = justonce.App(url, strict=False)
+    conn = ledger_connect(url)
+    got = own.partitions.acquire(set_name, n, lease=lease, poll=0.05)
+    _log_lease(conn, got, "acquired")
+    while True:
+        time.sleep(lease / 3)
+        try:
+            got.renew()
+        except justonce.LeaseLost:
+            _log_lease(conn, got, "lost")
+            return
+        _log_lease(conn, got, "renewed")
+
+
+def fenced_writer(url: str, set_name: str, n: int, lease: float) -> None:
+    """Hold a slot and write a row every 50 ms under its fence, renewing inline (a SIGSTOP
+    stops both). Once the fence refuses a write, log "write_rejected" and stop."""
+    own = justonce.App(url, strict=False)
+    conn = ledger_connect(url)
+    got = own.partitions.acquire(set_name, n, lease=lease, poll=0.05)
+    _log_lease(conn, got, "acquired")
+    next_renew = time.monotonic() + lease / 3
+    while True:
+        try:
+            with _Tx(conn) as c:
+                got.fence(c)
+                c.execute(_sql(c, f"INSERT INTO fenced_writes (slot, token, pid, at) "
+                                  f"VALUES (?, ?, ?, {DB_NOW[dialect(c)]})"),
+                          (got.slot, got.token, os.getpid()))
+        except justonce.LeaseLost:
+            _log_lease(conn, got, "write_rejected")
+            return
+        if time.monotonic() >= next_renew:
+            next_renew = time.monotonic() + lease / 3
+            try:
+                got.renew()
+            except justonce.LeaseLost:
+                _log_lease(conn, got, "renew_lost")  # and the next write must be refused
+        time.sleep(0.05)
+
+
+def _exec(sql: str, params: tuple[Any, ...]) -> None:
+    for attempt in (1, 2):
+        conn = getattr(_local, "conn", None)
+        if conn is None:
+            conn = _local.conn = ledger_connect(app.database_url)
+        try:
+            conn.execute(_sql(conn, sql), params)
+            return
+        except Exception:
+            _local.conn = None
+            if attempt == 2:
+                raise
+
+
+@app.task(queue="ordered")
+def ordered_step(key: str, i: int) -> None:
+    """Log its start and end, so the test sees order and overlap per key."""
+    _exec("INSERT INTO order_log (key, i, event, pid) VALUES (?, ?, 'start', ?)", (key, i, os.getpid()))
+    time.sleep(0.001)
+    _exec("INSERT INTO order_log (key, i, event, pid) VALUES (?, ?, 'done', ?)", (key, i, os.getpid()))
+
+
+@app.task(queue="scan", max_attempts=10)
+def scan_slot(predicate: str, slot: int, n: int) -> int:
+    """Process the rows of one slot of scan_rows (``predicate`` is over ``r.id``), 500 at a
+    time: each chunk's ledger rows
+    are written in one transaction, so a job killed midway leaves whole chunks, and its
+    retry goes on with the rows not in the ledger yet."""
+    conn = getattr(_local, "scan", None)
+    if conn is None:
+        conn = _local.scan = ledger_connect(app.database_url)
+    total = 0
+    while True:
+        with _Tx(conn) as c:
+            cur = c.execute(_sql(c, f"INSERT INTO processed (id, pid) SELECT r.id, ? FROM scan_rows r "
+                                    f"WHERE {predicate} AND NOT EXISTS "
+                                    f"(SELECT 1 FROM processed p WHERE p.id = r.id) "
+                                    f"ORDER BY r.id LIMIT 500"), (os.getpid(),))
+            count = cur.rowcount
+        total += count
+        if count < 500:
+            return total
+        time.sleep(0.02)

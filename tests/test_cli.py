@@ -15,7 +15,7 @@ from justonce.cli import cli
 COMMANDS = [[], ["migrate"], ["worker"], ["enqueue"], ["status"], ["jobs"], ["jobs", "list"],
             ["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["demo"], ["demo", "jobs"],
             ["batches"], ["batches", "list"], ["batches", "show"], ["batches", "seal"],
-            ["batches", "prune"]]
+            ["batches", "prune"], ["partitions"], ["partitions", "list"]]
 
 
 def run(*args: str, ok: bool = True):
@@ -29,7 +29,7 @@ def run(*args: str, ok: bool = True):
 def test_every_command_has_help(cmd: list[str]) -> None:
     result = run(*cmd, "--help")
     assert "Usage:" in result.output
-    if cmd and cmd not in (["jobs"], ["demo"], ["batches"]):
+    if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"]):
         assert "--database-url" in result.output
 
 
@@ -143,3 +143,19 @@ def test_bad_batch_commands_fail_with_one_line(db_url: str, args: list[str]) -> 
     assert result.exit_code != 0
     assert result.output.strip().splitlines()[-1].startswith("Error: "), result.output
     assert "Traceback" not in result.output
+
+
+def test_partitions_list_shows_owners_tokens_and_expiries(db_url: str) -> None:
+    url = ["--database-url", db_url]
+    app = App(db_url)
+    try:
+        app.migrate()
+        assert "no partition sets" in run("partitions", "list", *url).output
+        app.partitions.try_acquire("mail", 3, owner="host-a:1", lease=60)
+        app.partitions.try_acquire("mail", 3, owner="host-b:2", lease=60).release()
+        out = run("partitions", "list", *url).output
+        assert "host-a:1" in out and "held" in out and "free" in out and "mail" in out
+        result = run("partitions", "list", "--set", "nope", *url, ok=False)
+        assert result.exit_code != 0 and "PartitionSetNotFound" in result.output
+    finally:
+        app.close()

@@ -11,6 +11,9 @@ EXPECTED = {
     # batches
     "AckResult", "Batch", "BatchExpired", "BatchInfo", "BatchNotFound", "BatchState", "Batches",
     "InvalidItemId", "ItemGroup", "ItemNotFound", "SealResult",
+    # partitions
+    "LeaseLost", "NoFreeSlot", "PartitionConflict", "PartitionLease", "PartitionSetNotFound",
+    "Partitions", "SlotInfo", "partition_of", "slot_predicate",
 }
 
 

@@ -17,14 +17,19 @@ from .errors import (
     JobNotFound,
     JustonceError,
     KeyConflict,
+    LeaseLost,
+    NoFreeSlot,
     NonRetryable,
+    PartitionConflict,
+    PartitionSetNotFound,
     PayloadTooLarge,
     SchemaError,
     UnknownTask,
     ValidationError,
 )
 from .items import ItemGroup
-from .models import AckResult, BatchInfo, Job, SealResult
+from .models import AckResult, BatchInfo, Job, SealResult, SlotInfo
+from .partitions import PartitionLease, Partitions, partition_of, slot_predicate
 from .retry import Backoff
 from .tasks import Enqueue, Task
 from .types import BatchState, JobState
@@ -60,13 +65,22 @@ __all__ = [
     "JobState",
     "JustonceError",
     "KeyConflict",
+    "LeaseLost",
+    "NoFreeSlot",
+    "PartitionConflict",
+    "PartitionLease",
+    "PartitionSetNotFound",
+    "Partitions",
     "NonRetryable",
     "PayloadTooLarge",
     "SchemaError",
     "SealResult",
+    "SlotInfo",
     "Task",
     "UnknownTask",
     "ValidationError",
     "Worker",
     "__version__",
+    "partition_of",
+    "slot_predicate",
 ]

@@ -18,6 +18,7 @@ from .backends import Backend, open_backend, resolve_url
 from .batches import Batches
 from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
 from .models import Job, NewJob, QueueCount
+from .partitions import Partitions, partition_hash
 from .retry import Backoff
 from .tasks import Enqueue, Task
 from .types import JobState
@@ -46,6 +47,8 @@ class App:
         self._lock = threading.Lock()
         self.batches = Batches(self)
         """Batches: open, add, enqueue into, seal, ack; see :class:`~justonce.batches.Batches`."""
+        self.partitions = Partitions(self)
+        """Partition leases and scans; see :class:`~justonce.partitions.Partitions`."""
 
     # -- wiring -------------------------------------------------------------------------
     @property
@@ -142,6 +145,8 @@ class App:
             key=validate.optional_key(req.key) if req.key is not None else None,
             partition_key=(validate.optional_key(req.partition_key, "partition_key")
                            if req.partition_key is not None else None),
+            partition_hash=(partition_hash(req.partition_key)
+                            if req.partition_key is not None else None),
         )
 
     def enqueue(

@@ -111,6 +111,11 @@ def migrate(database_url: str | None) -> None:
 @click.option("--no-listen", is_flag=True, help="Never LISTEN (PgBouncer transaction mode).")
 @click.option("--housekeeping-interval", default=1.0, show_default=True,
               type=click.FloatRange(min=0.05))
+@click.option("--partitions", "partitions", default=None, metavar="SET:N",
+              help="Run only jobs with a partition_key, of the slots of SET this worker "
+              "holds (N slots; SET alone takes N from $JUSTONCE_PARTITIONS).")
+@click.option("--partition-slots", default=1, show_default=True, type=click.IntRange(1, 4096),
+              help="Slots of the set this worker holds at most.")
 @click.option("--batch-retention", default=7 * 86400.0, show_default=True,
               type=click.FloatRange(0, 10 * 365 * 86400),
               help="Seconds completed and expired batches are kept.")
@@ -119,7 +124,8 @@ def migrate(database_url: str | None) -> None:
 @click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
 def worker(app_path: str, database_url: str | None, queues: str | None, concurrency: int,
            lease: float, heartbeat: float | None, grace: float, poll: float, prefetch: int,
-           no_listen: bool, housekeeping_interval: float, batch_retention: float, log_level: str,
+           no_listen: bool, housekeeping_interval: float, partitions: str | None,
+           partition_slots: int, batch_retention: float, log_level: str,
            log_format: str) -> None:
     """Run jobs until SIGTERM / SIGINT (a second signal stops at once)."""
     from .worker import Worker
@@ -130,7 +136,8 @@ def worker(app_path: str, database_url: str | None, queues: str | None, concurre
     w = Worker(app, queues=queue_list, concurrency=concurrency, lease=lease,
                heartbeat=heartbeat, grace=grace, poll=poll, prefetch=prefetch,
                listen=not no_listen, housekeeping_interval=housekeeping_interval,
-               batch_retention=batch_retention)
+               batch_retention=batch_retention, partitions=partitions,
+               partition_slots=partition_slots)
     w.run()
     app.close()
 
@@ -325,6 +332,25 @@ def batches_prune(retention: float, database_url: str | None) -> None:
     in their housekeeping too)."""
     report = App(database_url).batches.prune(retention)
     out.print(f"expired {report.expired} idle batches, removed {report.removed} finished batches")
+
+
+@cli.group()
+def partitions() -> None:
+    """Partition sets: who holds which slot."""
+
+
+@partitions.command("list")
+@click.option("--set", "set_name", default=None, help="Only this set.")
+@database_option
+def partitions_list(set_name: str | None, database_url: str | None) -> None:
+    """Every slot of every set: owner, expiry and fencing token."""
+    rows = App(database_url).partitions.list(set_name)
+    table = Table("set", "slot", "n", "state", "owner", "token", "expires")
+    for r in rows:
+        state = "held" if r.held else ("expired" if r.owner else "free")
+        table.add_row(r.set_name, str(r.slot), str(r.n), state, r.owner or "", str(r.token),
+                      r.expires_at.isoformat(timespec="seconds") if r.expires_at else "")
+    out.print(table if rows else "no partition sets")
 
 
 @cli.group()

@@ -77,5 +77,23 @@ class KeyConflict(InvalidTransition):
     """Another live job holds the key, so this job cannot be made live again."""
 
 
+class PartitionSetNotFound(JustonceError, LookupError):
+    """No partition set of that name (no process ever acquired a slot of it)."""
+
+
+class LeaseLost(JustonceError):
+    """A partition lease is no longer this holder's: another process took the slot (its
+    token is newer), so writes fenced by the old token are refused."""
+
+
+class NoFreeSlot(JustonceError, TimeoutError):
+    """Every slot of the partition set stayed held for the whole timeout of ``acquire``."""
+
+
+class PartitionConflict(InvalidTransition):
+    """The partition set is held with another number of slots: ``n`` can change only when
+    no slot is held (otherwise two holders could share keys)."""
+
+
 class NonRetryable(JustonceError):
     """Raise from a task to fail its job at once (state ``dead``) without further attempts."""

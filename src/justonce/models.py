@@ -29,6 +29,9 @@ class NewJob:
     run_at: datetime | None = None
     key: str | None = None
     partition_key: str | None = None
+    partition_hash: int | None = None
+    """The partition key as a number (the integer key, or the CRC-32 of a text key): a
+    worker holding slot k of n runs the job when partition_hash mod n = k."""
     batch_item: str | None = None
     """The batch item this job resolves: acked when it succeeds, failed when it ends dead
     or is cancelled. Set by the backend when jobs are enqueued into a batch."""
@@ -41,13 +44,13 @@ class NewJob:
         """The same job options with other (already validated) arguments."""
         return NewJob(self.task, self.queue, args_json, kwargs_json, self.priority,
                       self.max_attempts, self.timeout, self.delay, self.run_at, self.key,
-                      self.partition_key, self.batch_item)
+                      self.partition_key, self.partition_hash, self.batch_item)
 
     def bound_to(self, batch_item: str) -> NewJob:
         """The same job as the given batch item."""
         return NewJob(self.task, self.queue, self.args_json, self.kwargs_json, self.priority,
                       self.max_attempts, self.timeout, self.delay, self.run_at, self.key,
-                      self.partition_key, batch_item)
+                      self.partition_key, self.partition_hash, batch_item)
 
     def same_options(self, other: NewJob) -> bool:
         """True when only the arguments differ (and no key or batch item makes rows unique)."""
@@ -56,7 +59,7 @@ class NewJob:
                 and self.queue == other.queue and self.priority == other.priority
                 and self.max_attempts == other.max_attempts and self.timeout == other.timeout
                 and self.delay == other.delay and self.run_at == other.run_at
-                and self.partition_key == other.partition_key)
+                and self.partition_key == other.partition_key)  # hence the same hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +212,20 @@ class ItemFailure:
 @dataclass(frozen=True, slots=True)
 class BatchPruneReport:
     expired: int = 0
-    """Open or sealed batches that had no activity for their expire_after."""
+    """Open batches that had no activity for their expire_after."""
     removed: int = 0
     """Completed or expired batches past the retention, deleted with their items."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """One slot of a set, as ``justonce partitions list`` shows it."""
+
+    set_name: str
+    n: int
+    slot: int
+    owner: str | None
+    token: int
+    expires_at: datetime | None
+    held: bool
+    """An owner whose lease has not expired by the database's clock."""

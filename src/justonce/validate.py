@@ -26,6 +26,8 @@ MAX_TIMEOUT_SECONDS = 7 * 86400
 MAX_ATTEMPTS = 1000
 PRIORITY_RANGE = (-1000, 1000)
 
+SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+SQL_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}$")
 
@@ -36,6 +38,23 @@ def queue_name(value: Any) -> str:
             f"bad queue name {value!r}: 1-63 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or digit"
         )
+    return value
+
+
+def set_name(value: Any) -> str:
+    if not isinstance(value, str) or not SET_NAME.match(value):
+        raise InvalidName(
+            f"bad partition set name {value!r}: 1-63 characters of letters, digits, '_', '.', "
+            "':' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+def sql_identifier(value: Any) -> str:
+    """A column (or ``table.column``) to put into generated SQL: letters, digits and '_'
+    only, so it can never carry SQL of its own."""
+    if not isinstance(value, str) or not SQL_IDENTIFIER.match(value):
+        raise InvalidName(f"bad SQL identifier {value!r}: letters, digits and '_' (optionally table.column)")
     return value
 
 

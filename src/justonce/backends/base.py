@@ -29,8 +29,12 @@ from ..models import (
     NewJob,
     QueueCount,
     SealResult,
+    SlotInfo,
 )
 from ..types import JobState
+
+Partitioning = tuple[int, Sequence[int]]
+"""(n, slots): claim only partitioned jobs whose partition_hash mod n is one of slots."""
 
 
 class Waiter(Protocol):
@@ -98,10 +102,14 @@ class Backend(Protocol):
     def queue_counts(self) -> list[QueueCount]: ...
 
     # -- worker side: every write is fenced by (id, lease_token, state='running') ----
-    def job_claim(self, queue: str, limit: int, owner: str, lease: float) -> list[ClaimedJob]:
+    def job_claim(self, queue: str, limit: int, owner: str, lease: float,
+                  partitions: Partitioning | None = None) -> list[ClaimedJob]:
         """Lease up to ``limit`` ready jobs of one queue in (priority, id) order for
         ``lease`` seconds; attempts += 1 and a new lease_token for each. Concurrent claims
-        never return the same job."""
+        never return the same job. Jobs with a partition key are left out, unless
+        ``partitions`` = (n, slots) is given: then only those jobs are claimed, those whose
+        partition_hash mod n is in slots, in id order, and only while no earlier job of
+        the same key is live (one job per key at a time, in enqueue order)."""
 
     def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
         """Mark succeeded in one transaction; return the ids accepted. An id missing from
@@ -109,7 +117,8 @@ class Backend(Protocol):
         The batch items of accepted jobs are acked in the same transaction."""
 
     def job_complete_and_claim(
-        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float
+        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float,
+        partitions: Partitioning | None = None,
     ) -> tuple[set[int], list[ClaimedJob]]:
         """``job_complete_many`` and ``job_claim`` in one transaction (one commit instead
         of two for a worker that finished a batch and wants the next)."""
@@ -187,6 +196,24 @@ class Backend(Protocol):
     def batches_prune(self, retention: float, limit: int = 1000) -> BatchPruneReport:
         """One round: expire up to ``limit`` idle open batches, and delete up to
         ``limit`` completed/expired batches finished more than ``retention`` s ago."""
+
+    # -- partition leases (leasestore.py) ---------------------------------------------
+    def lease_acquire(self, set_name: str, n: int, owner: str,
+                      lease: float) -> tuple[int, int, datetime] | None:
+        """Take the first free or expired slot of ``0..n-1``: (slot, token, expires_at), or
+        None when all are held. The token is one more than the slot's last. Raises
+        PartitionConflict when the set has another n and any slot is held."""
+
+    def lease_renew(self, set_name: str, slot: int, token: int, lease: float) -> datetime | None:
+        """Extend to now() + lease; None when the token is no longer the holder's."""
+
+    def lease_release(self, set_name: str, slot: int, token: int) -> bool: ...
+
+    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int) -> bool:
+        """In the caller's open transaction on ``conn``: True when ``token`` still holds the
+        slot, and no takeover can commit before that transaction ends."""
+
+    def lease_list(self, set_name: str | None) -> list[SlotInfo]: ...
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
         """A waiter for idle workers. ``listen=False``: poll only (e.g. behind PgBouncer in

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..backends import Backend
 from ..models import ClaimedJob, Completion
@@ -21,6 +21,7 @@ class Producer:
     def __init__(
         self, backend: Backend, queues: Sequence[str], owner: str, lease: float,
         prefetch: int, horizon: float = 0.05,
+        partitions: tuple[int, Callable[[], Sequence[int]]] | None = None,
     ) -> None:
         self.backend = backend
         self.queues = list(queues)
@@ -30,6 +31,8 @@ class Producer:
         self.horizon = horizon
         self._next = 0
         self._avg: float | None = None
+        self.partitions = partitions
+        """(n, held slots): a partitioned worker claims only jobs of the slots it holds."""
 
     def observe(self, duration: float) -> None:
         """Feed the duration of a finished job into the moving average."""
@@ -48,6 +51,7 @@ class Producer:
         the completions' transaction. Returns (accepted completion ids, claimed jobs)."""
         got: list[ClaimedJob] = []
         accepted: set[int] = set()
+        part = None if self.partitions is None else (self.partitions[0], self.partitions[1]())
         n = len(self.queues)
         start = self._next
         self._next = (self._next + 1) % n
@@ -55,11 +59,12 @@ class Producer:
             queue = self.queues[(start + i) % n]
             if i == 0:
                 accepted, jobs = self.backend.job_complete_and_claim(
-                    done, queue, limit, self.owner, self.lease
+                    done, queue, limit, self.owner, self.lease, part
                 )
             else:
                 try:
-                    jobs = self.backend.job_claim(queue, limit - len(got), self.owner, self.lease)
+                    jobs = self.backend.job_claim(queue, limit - len(got), self.owner, self.lease,
+                                                  part)
                 except Exception:
                     # Keep what the first statement committed (completions and claims);
                     # the next fetch tries this queue again.

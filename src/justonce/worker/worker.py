@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 from .. import validate
 from ..errors import InvalidOption, JustonceError
 from ..models import ClaimedJob, Completion, Failure
+from ..partitions import parse_set_spec, slots
 from .executor import Executor
 from .maintenance import Maintenance
+from .partitions import PartitionKeeper
 from .producer import Producer
 
 if TYPE_CHECKING:
@@ -84,6 +86,11 @@ class Worker:
     to finish after a stop request before they are released. ``prefetch``: the most jobs
     leased at once; the worker leases about 50 ms of work at a time (see Producer), so
     only very short jobs reach it.
+
+    ``partitions``: ``"SET:N"`` (or ``(set, n)``) makes a partitioned worker: it holds up to
+    ``partition_slots`` slots of the set (standing by while all are held, taking over a slot
+    whose holder stops renewing) and runs only the jobs with a ``partition_key`` whose slot
+    it holds — one job per key at a time, in enqueue order.
     """
 
     def __init__(
@@ -93,6 +100,7 @@ class Worker:
         ack_interval: float = 0.02, ack_batch: int = 500, housekeeping: bool = True,
         housekeeping_interval: float = 1.0, keep_succeeded: float = 86400.0,
         keep_dead: float = 7 * 86400.0, batch_retention: float = 7 * 86400.0,
+        partitions: str | tuple[str, int] | None = None, partition_slots: int = 1,
         owner: str | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
@@ -125,7 +133,11 @@ class Worker:
         batch_retention = validate.bounded(batch_retention, "batch_retention", 0, 10 * 365 * 86400)
         self.owner = owner or default_owner()
         self.backend = app.backend
-        self.producer = Producer(self.backend, self.queues, self.owner, self.lease, prefetch)
+        self.keeper = self._partition_keeper(partitions, partition_slots)
+        self.producer = Producer(
+            self.backend, self.queues, self.owner, self.lease, prefetch,
+            partitions=None if self.keeper is None else (self.keeper.n, self.keeper.slots),
+        )
         self.executor = Executor(app)
         self.maintenance = (
             Maintenance(self.backend, self.owner, housekeeping_interval,
@@ -157,6 +169,16 @@ class Worker:
         self._grace_override: float | None = None
         self._waiter = self.backend.waiter(self.queues, listen=listen)
         self._runner: threading.Thread | None = None
+
+    def _partition_keeper(self, spec: str | tuple[str, int] | None,
+                          want: int) -> PartitionKeeper | None:
+        if spec is None:
+            return None
+        set_name, n = parse_set_spec(spec) if isinstance(spec, str) else (
+            validate.set_name(spec[0]), slots(spec[1]))
+        if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= n:
+            raise InvalidOption(f"partition_slots must be an integer in [1, {n}], not {want!r}")
+        return PartitionKeeper(self.app.partitions, set_name, n, want, self.lease, self.owner)
 
     # -- public control ----------------------------------------------------------------
     def run(self) -> None:
@@ -219,6 +241,12 @@ class Worker:
         return t
 
     def _start_threads(self) -> None:
+        if self.keeper is not None:
+            try:
+                self.keeper.run_once()  # hold slots (or stand by) before the first claim
+            except Exception as exc:  # noqa: BLE001 - the supervisor tries again
+                log.warning("partition round failed", extra={"event": "partition.error",
+                                                             "error": str(exc)})
         for i in range(self.concurrency):
             self._spawn(self._slot_loop, f"justonce-slot-{i}", _Slot(i))
         self._spawn(self._ack_loop, "justonce-acker")
@@ -320,7 +348,9 @@ class Worker:
                 h.duration = outcome.duration
                 if outcome.completion is not None:
                     self._acks.append(outcome.completion)
-                    if len(self._acks) >= self.ack_batch:
+                    # A partitioned job's completion unblocks the next job of its key:
+                    # write it now rather than at the next ack interval.
+                    if len(self._acks) >= self.ack_batch or self.keeper is not None:
                         self._ack_wake.set()
                     return
                 self._forget(h.job.id, h.job.lease_token)
@@ -451,6 +481,8 @@ class Worker:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.heartbeat
                     self._renew_leases()
+                    if self.keeper is not None:
+                        self.keeper.run_once()
             except Exception:  # a dead supervisor would let every lease expire
                 log.exception("supervisor round failed", extra={"event": "supervisor.error"})
 
@@ -593,6 +625,8 @@ class Worker:
                 continue  # still in user code past the grace; its outcome is discarded
             t.join(timeout=max(0.0, end - time.monotonic()))
         self.executor.async_runner.close()
+        if self.keeper is not None:
+            self.keeper.release_all()  # a standby takes the slots at once
         log.info("worker stopped", extra={
             "event": "worker.stopped", "owner": self.owner, "succeeded": self.stats.succeeded,
             "failed": self.stats.failed, "rejected": self.stats.rejected,

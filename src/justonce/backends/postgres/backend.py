@@ -28,13 +28,15 @@ from ...errors import (
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
 from ...types import JobState
 from ..base import (
+    Partitioning,
     decode_arguments,
     job_from_insert,
     job_from_row,
     load_queries,
     migration_files,
 )
-from ..batchstore import BatchStore, Flip, Key
+from ..batchstore import Flip, Key
+from ..leasestore import LeaseStore
 
 try:
     import psycopg
@@ -74,7 +76,7 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     return conninfo, schema, ours
 
 
-class PostgresBackend(BatchStore):
+class PostgresBackend(LeaseStore):
     name = "postgres"
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
@@ -191,7 +193,8 @@ class PostgresBackend(BatchStore):
             "queue": job.queue, "task": job.task, "args": job.args_json,
             "kwargs": job.kwargs_json, "priority": job.priority, "delay": job.delay,
             "run_at": job.run_at, "max_attempts": job.max_attempts, "timeout": job.timeout,
-            "key": job.key, "partition_key": job.partition_key, "channel": self.channel,
+            "key": job.key, "partition_key": job.partition_key,
+            "partition_hash": job.partition_hash, "channel": self.channel,
         }
 
     def _insert_one(self, conn: psycopg.Connection, job: NewJob) -> Job:
@@ -240,8 +243,9 @@ class PostgresBackend(BatchStore):
         cur.execute(Q["job_insert_batch"], {
             "queue": j.queue, "task": j.task, "priority": j.priority, "delay": j.delay,
             "run_at": j.run_at, "max_attempts": j.max_attempts, "timeout": j.timeout,
-            "partition_key": j.partition_key, "channel": self.channel,
-            "args": args_doc, "kwargs": kwargs_doc, "item_prefix": item_prefix,
+            "partition_key": j.partition_key, "partition_hash": j.partition_hash,
+            "channel": self.channel, "args": args_doc, "kwargs": kwargs_doc,
+            "item_prefix": item_prefix,
         })
         # Identity values are drawn in insert order (ORDER BY ord).
         return sorted(r[0] for r in cur.fetchall())
@@ -334,17 +338,26 @@ class PostgresBackend(BatchStore):
         return [QueueCount(q, JobState(s), n) for q, s, n in self._fetch("queue_counts", {})]
 
     # -- worker side ----------------------------------------------------------------------
-    def job_claim(self, queue: str, limit: int, owner: str, lease: float) -> list[ClaimedJob]:
-        rows = self._fetch(
-            "job_claim", {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
-        )
-        return _claimed(rows)
-
     @staticmethod
-    def _completion_params(done: Sequence[Completion]) -> dict[str, Any]:
+    def _claim_params(queue: str, limit: int, owner: str, lease: float,
+                      partitions: Partitioning | None) -> tuple[str, dict[str, Any]]:
+        params: dict[str, Any] = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+        if partitions is None:
+            return "job_claim", params
+        params.update(n=partitions[0], slots=list(partitions[1]))
+        return "job_claim_partitioned", params
+
+    def job_claim(self, queue: str, limit: int, owner: str, lease: float,
+                  partitions: Partitioning | None = None) -> list[ClaimedJob]:
+        if partitions is not None and not partitions[1]:
+            return []
+        return _claimed(self._fetch(*self._claim_params(queue, limit, owner, lease, partitions)))
+
+    def _completion_params(self, done: Sequence[Completion]) -> dict[str, Any]:
         return {
             "ids": [c.id for c in done], "tokens": [c.lease_token for c in done],
             "results": [c.result_json for c in done], "notes": [c.note for c in done],
+            "channel": self.channel,
         }
 
     def _complete_items(self, conn: psycopg.Connection, done: Sequence[Completion]) -> set[int]:
@@ -363,16 +376,21 @@ class PostgresBackend(BatchStore):
         return {r[0] for r in self._fetch("job_complete_many", self._completion_params(done))}
 
     def job_complete_and_claim(
-        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float
+        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float,
+        partitions: Partitioning | None = None,
     ) -> tuple[set[int], list[ClaimedJob]]:
         if not done:
-            return set(), self.job_claim(queue, limit, owner, lease)
-        if any(c.batch_item for c in done):
-            claim = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+            return set(), self.job_claim(queue, limit, owner, lease, partitions)
+        if partitions is not None and not partitions[1]:
+            return self.job_complete_many(done), []
+        if partitions is not None or any(c.batch_item for c in done):
+            # Two statements in one transaction: the claim must see the completions (the
+            # next job of a partition key becomes claimable when the previous one is done).
+            name, claim = self._claim_params(queue, limit, owner, lease, partitions)
 
             def run(c: psycopg.Connection) -> tuple[set[int], list[Any]]:
                 accepted = self._complete_items(c, done)
-                return accepted, c.cursor(row_factory=tuple_row).execute(Q["job_claim"], claim).fetchall()
+                return accepted, c.cursor(row_factory=tuple_row).execute(Q[name], claim).fetchall()
 
             accepted, rows = self._on(None, run, atomic=True)
             return accepted, _claimed(rows)
@@ -485,6 +503,13 @@ class PostgresBackend(BatchStore):
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._fetch(name, params)
 
+    def _b_fence_connection(self, conn: Any) -> psycopg.Connection:
+        c = self._caller_connection(conn)
+        if c.autocommit and c.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+            raise InvalidOption("fence() needs your open transaction on conn (inside "
+                                "`with conn.transaction():`, or a connection without autocommit)")
+        return c
+
     def _b_time(self, value: Any) -> datetime | None:
         return value
 
@@ -541,7 +566,8 @@ def _row_json(j: NewJob) -> str:
         f'{"null" if j.run_at is None else _dumps(j.run_at.isoformat())},{j.max_attempts},'
         f'{j.timeout!r},{"null" if j.key is None else _dumps(j.key)},'
         f'{"null" if j.partition_key is None else _dumps(j.partition_key)},'
-        f'{"null" if j.batch_item is None else _dumps(j.batch_item)}]'
+        f'{"null" if j.batch_item is None else _dumps(j.batch_item)},'
+        f'{"null" if j.partition_hash is None else j.partition_hash}]'
     )
 
 

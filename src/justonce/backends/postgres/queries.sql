@@ -16,10 +16,11 @@ WITH v AS (
     SELECT COALESCE(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second') AS due
 ), ins AS (
     INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
-                               max_attempts, timeout, key, partition_key)
+                               max_attempts, timeout, key, partition_key, partition_hash)
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
            CASE WHEN v.due > now() THEN 'scheduled' ELSE 'ready' END,
-           %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(key)s, %(partition_key)s
+           %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(key)s, %(partition_key)s,
+           %(partition_hash)s
       FROM v
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
     DO NOTHING
@@ -39,14 +40,16 @@ WITH d AS (
            COALESCE((e.r->>6)::timestamptz,
                     now() + (e.r->>5)::float8 * interval '1 second') AS due,
            (e.r->>7)::int AS max_attempts, (e.r->>8)::float8 AS timeout,
-           e.r->>9 AS key, e.r->>10 AS partition_key, e.r->>11 AS batch_item
+           e.r->>9 AS key, e.r->>10 AS partition_key, e.r->>11 AS batch_item,
+           (e.r->>12)::bigint AS partition_hash
       FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(r, ord)
 ), ins AS (
     INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
-                               max_attempts, timeout, key, partition_key, batch_item)
+                               max_attempts, timeout, key, partition_key, batch_item,
+                               partition_hash)
     SELECT queue, task, args, kwargs,
            CASE WHEN due > now() THEN 'scheduled' ELSE 'ready' END,
-           priority, due, max_attempts, timeout, key, partition_key, batch_item
+           priority, due, max_attempts, timeout, key, partition_key, batch_item, partition_hash
       FROM d ORDER BY key, ord  -- keys in one order: concurrent bulk inserts cannot deadlock
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
     DO NOTHING
@@ -66,11 +69,11 @@ WITH v AS (
                     now() + %(delay)s::float8 * interval '1 second') AS due
 ), ins AS (
     INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
-                               max_attempts, timeout, partition_key, batch_item)
+                               max_attempts, timeout, partition_key, batch_item, partition_hash)
     SELECT %(queue)s, %(task)s, a.value, k.value,
            CASE WHEN v.due > now() THEN 'scheduled' ELSE 'ready' END,
            %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(partition_key)s,
-           %(item_prefix)s::text || (a.ord - 1)
+           %(item_prefix)s::text || (a.ord - 1), %(partition_hash)s
       FROM jsonb_array_elements(%(args)s::jsonb) WITH ORDINALITY AS a(value, ord)
       JOIN jsonb_array_elements(%(kwargs)s::jsonb) WITH ORDINALITY AS k(value, ord)
            USING (ord)
@@ -113,21 +116,49 @@ UPDATE justonce_jobs j
        started_at = now()
  WHERE j.id = ANY(ARRAY(
            SELECT id FROM justonce_jobs
-            WHERE state = 'ready' AND queue = %(queue)s
+            WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
             ORDER BY priority, id
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
 RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
           j.timeout, j.lease_token, j.priority, j.batch_item
 
+-- name: job_claim_partitioned
+-- The claim of a worker holding slots %(slots)s of %(n)s: ready jobs whose partition_hash
+-- falls in those slots, oldest first, and only the first live job of each key (a job waits
+-- while an earlier job of its key is scheduled, ready or running): one job per key at a
+-- time, in enqueue order, retries included.
+UPDATE justonce_jobs j
+   SET state = 'running',
+       attempts = j.attempts + 1,
+       lease_token = j.lease_token + 1,
+       lease_owner = %(owner)s,
+       lease_expires_at = now() + %(lease)s::float8 * interval '1 second',
+       started_at = now()
+ WHERE j.id = ANY(ARRAY(
+           SELECT c.id FROM justonce_jobs c
+            WHERE c.state = 'ready' AND c.queue = %(queue)s AND c.partition_hash IS NOT NULL
+              AND mod(mod(c.partition_hash, %(n)s) + %(n)s, %(n)s) = ANY(%(slots)s::int[])
+              AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
+                               WHERE e.partition_key = c.partition_key AND e.id < c.id
+                                 AND e.partition_hash IS NOT NULL
+                                 AND e.state IN ('scheduled','ready','running'))
+            ORDER BY c.id
+            LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED))
+RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
+          j.timeout, j.lease_token, j.priority, j.batch_item
+
 -- name: job_complete_many
+-- The completion of a partitioned job may make the next job of its key claimable: wake the
+-- partitioned workers (Postgres sends one notification per queue per transaction).
 UPDATE justonce_jobs j
    SET state = 'succeeded', result = d.result::jsonb, last_error = COALESCE(d.note, j.last_error),
        finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
   FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[], %(notes)s::text[])
        AS d(id, token, result, note)
  WHERE j.id = d.id AND j.lease_token = d.token AND j.state = (SELECT 'running'::text)
-RETURNING j.id
+RETURNING j.id, CASE WHEN j.partition_hash IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
 
 -- name: job_complete_and_claim
 -- Both updates run in one statement and one commit; they touch disjoint rows (running
@@ -431,3 +462,65 @@ DELETE FROM justonce_batch_failures WHERE batch_id = %(id)s
 
 -- name: batch_delete
 DELETE FROM justonce_batches WHERE id = %(id)s
+
+-- Partition leases. Acquiring holds the set's row for the whole transaction, so acquires
+-- of one set take turns (they are rare) and a change of n is checked and made atomically.
+
+-- name: lease_set_lock
+INSERT INTO justonce_partition_sets (set_name, n) VALUES (%(set)s, %(n)s)
+ON CONFLICT (set_name) DO UPDATE SET updated_at = now()
+RETURNING n
+
+-- name: lease_set_held
+SELECT count(*) FROM justonce_partition_leases
+ WHERE set_name = %(set)s AND owner IS NOT NULL AND expires_at > now()
+
+-- name: lease_set_resize
+UPDATE justonce_partition_sets SET n = %(n)s, updated_at = now() WHERE set_name = %(set)s
+RETURNING n
+
+-- name: lease_slots_ensure
+INSERT INTO justonce_partition_leases (set_name, slot)
+SELECT %(set)s, s FROM generate_series(0, %(n)s - 1) AS s
+ON CONFLICT DO NOTHING
+RETURNING slot
+
+-- name: lease_take
+-- The first free or expired slot; the token grows with every new holder.
+UPDATE justonce_partition_leases l
+   SET owner = %(owner)s, token = l.token + 1,
+       expires_at = now() + %(lease)s::float8 * interval '1 second',
+       acquired_at = now(), renewed_at = now()
+ WHERE l.set_name = %(set)s
+   AND l.slot = (SELECT slot FROM justonce_partition_leases
+                  WHERE set_name = %(set)s AND slot < %(n)s
+                    AND (owner IS NULL OR expires_at <= now())
+                  ORDER BY slot
+                  LIMIT 1
+                    FOR UPDATE SKIP LOCKED)
+RETURNING l.slot, l.token, l.expires_at
+
+-- name: lease_renew
+UPDATE justonce_partition_leases
+   SET expires_at = now() + %(lease)s::float8 * interval '1 second', renewed_at = now()
+ WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
+RETURNING expires_at
+
+-- name: lease_release
+UPDATE justonce_partition_leases SET owner = NULL, expires_at = NULL
+ WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
+RETURNING slot
+
+-- name: lease_fence
+-- FOR SHARE: a takeover (an UPDATE of this row) waits until the caller's transaction ends.
+SELECT 1 FROM justonce_partition_leases
+ WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
+   FOR SHARE
+
+-- name: lease_list
+SELECT l.set_name, s.n, l.slot, l.owner, l.token, l.expires_at,
+       (l.owner IS NOT NULL AND l.expires_at > now())
+  FROM justonce_partition_leases l
+  JOIN justonce_partition_sets s ON s.set_name = l.set_name
+ WHERE (%(set)s::text IS NULL OR l.set_name = %(set)s) AND l.slot < s.n
+ ORDER BY l.set_name, l.slot

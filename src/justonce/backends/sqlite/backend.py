@@ -27,15 +27,18 @@ from ...errors import (
     SchemaError,
 )
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...partitions import register_sqlite_functions
 from ...types import BatchState, JobState
 from ..base import (
+    Partitioning,
     decode_arguments,
     job_from_insert,
     job_from_row,
     load_queries,
     migration_files,
 )
-from ..batchstore import BatchStore, Flip, Key
+from ..batchstore import Flip, Key
+from ..leasestore import LeaseStore
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -92,7 +95,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend(BatchStore):
+class SQLiteBackend(LeaseStore):
     name = "sqlite"
 
     def __init__(self, url: str) -> None:
@@ -128,6 +131,7 @@ class SQLiteBackend(BatchStore):
                     self.path, timeout=SQLITE_BUSY_MS / 1000, isolation_level=None,
                     check_same_thread=False,
                 )
+                register_sqlite_functions(conn)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self.synchronous}")
                 conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
@@ -237,7 +241,7 @@ class SQLiteBackend(BatchStore):
             "kwargs": job.kwargs_json, "priority": job.priority, "delay": job.delay,
             "run_at": _epoch(job.run_at), "max_attempts": job.max_attempts,
             "timeout": job.timeout, "key": job.key, "partition_key": job.partition_key,
-            "batch_item": job.batch_item,
+            "batch_item": job.batch_item, "partition_hash": job.partition_hash,
         }
 
     def _insert_one(self, conn: Any, job: NewJob) -> Job:
@@ -351,13 +355,25 @@ class SQLiteBackend(BatchStore):
         return [QueueCount(r[0], JobState(r[1]), r[2]) for r in self._read(Q["queue_counts"])]
 
     # -- worker side ----------------------------------------------------------------------
-    def job_claim(self, queue: str, limit: int, owner: str, lease: float) -> list[ClaimedJob]:
-        params = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+    @staticmethod
+    def _claim_query(queue: str, limit: int, owner: str, lease: float,
+                     partitions: Partitioning | None) -> tuple[str, dict[str, Any]]:
+        params: dict[str, Any] = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+        if partitions is None:
+            return Q["job_claim"], params
+        params.update(n=partitions[0], slots=json.dumps(list(partitions[1])))
+        return Q["job_claim_partitioned"], params
+
+    def job_claim(self, queue: str, limit: int, owner: str, lease: float,
+                  partitions: Partitioning | None = None) -> list[ClaimedJob]:
+        if partitions is not None and not partitions[1]:
+            return []
+        sql, params = self._claim_query(queue, limit, owner, lease, partitions)
         # A read first: an empty claim would otherwise take the one write lock for nothing,
         # and idle workers wake on every commit (see SQLiteWaiter).
-        if not self._read(Q["job_any_ready"], {"queue": queue}):
+        if partitions is None and not self._read(Q["job_any_ready"], {"queue": queue}):
             return []
-        rows = self._write(lambda c: c.execute(Q["job_claim"], params).fetchall())
+        rows = self._write(lambda c: c.execute(sql, params).fetchall())
         return _claimed(rows)
 
     def _complete(self, conn: sqlite3.Connection, done: Sequence[Completion]) -> set[int]:
@@ -373,14 +389,17 @@ class SQLiteBackend(BatchStore):
         return self._write(lambda c: self._complete(c, done))
 
     def job_complete_and_claim(
-        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float
+        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float,
+        partitions: Partitioning | None = None,
     ) -> tuple[set[int], list[ClaimedJob]]:
         if not done:
-            return set(), self.job_claim(queue, limit, owner, lease)
-        params = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
+            return set(), self.job_claim(queue, limit, owner, lease, partitions)
+        if partitions is not None and not partitions[1]:
+            return self.job_complete_many(done), []
+        sql, params = self._claim_query(queue, limit, owner, lease, partitions)
 
         def run(conn: sqlite3.Connection) -> tuple[set[int], list[sqlite3.Row]]:
-            return self._complete(conn, done), conn.execute(Q["job_claim"], params).fetchall()
+            return self._complete(conn, done), conn.execute(sql, params).fetchall()
 
         accepted, rows = self._write(run)
         return accepted, _claimed(rows)
@@ -500,6 +519,13 @@ class SQLiteBackend(BatchStore):
 
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._read(Q[name], params)
+
+    def _b_fence_connection(self, conn: Any) -> sqlite3.Connection:
+        c = self._caller_connection(conn)
+        if not c.in_transaction:
+            raise InvalidOption("fence() needs your open transaction on conn (BEGIN IMMEDIATE "
+                                "first, then fence, then your writes, then COMMIT)")
+        return c
 
     def _b_time(self, value: Any) -> datetime | None:
         return _ts(value)

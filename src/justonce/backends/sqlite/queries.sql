@@ -7,22 +7,22 @@
 
 -- name: job_insert
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
-                           timeout, key, partition_key, created_at)
+                           timeout, key, partition_key, partition_hash, created_at)
 VALUES (:queue, :task, :args, :kwargs,
         CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
         :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :key,
-        :partition_key, NOW())
+        :partition_key, :partition_hash, NOW())
 ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
 DO NOTHING
 RETURNING id, state, run_at, created_at
 
 -- name: job_insert_id
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
-                           timeout, key, partition_key, batch_item, created_at)
+                           timeout, key, partition_key, batch_item, partition_hash, created_at)
 VALUES (:queue, :task, :args, :kwargs,
         CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
         :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :key,
-        :partition_key, :batch_item, NOW())
+        :partition_key, :batch_item, :partition_hash, NOW())
 ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
 DO NOTHING
 RETURNING id
@@ -32,11 +32,11 @@ RETURNING id
 -- array of pairs: joining two json_each tables would compare every row with every row).
 -- Jobs enqueued into a batch get the items :item_prefix || 0, 1, 2…
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
-                           timeout, partition_key, batch_item, created_at)
+                           timeout, partition_key, batch_item, partition_hash, created_at)
 SELECT :queue, :task, json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]'),
        CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
        :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :partition_key,
-       :item_prefix || r.key, NOW()
+       :item_prefix || r.key, :partition_hash, NOW()
   FROM json_each(:rows) AS r
  ORDER BY r.key
 RETURNING id
@@ -65,13 +65,34 @@ UPDATE justonce_jobs
        lease_expires_at = NOW() + :lease,
        started_at = NOW()
  WHERE id IN (SELECT id FROM justonce_jobs
-               WHERE state = 'ready' AND queue = :queue
+               WHERE state = 'ready' AND queue = :queue AND partition_hash IS NULL
                ORDER BY priority, id
                LIMIT :limit)
 RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item
 
+-- name: job_claim_partitioned
+-- A worker holding slots :slots (a JSON array) of :n: see the PostgreSQL twin for the rule.
+UPDATE justonce_jobs
+   SET state = 'running',
+       attempts = attempts + 1,
+       lease_token = lease_token + 1,
+       lease_owner = :owner,
+       lease_expires_at = NOW() + :lease,
+       started_at = NOW()
+ WHERE id IN (SELECT c.id FROM justonce_jobs c
+               WHERE c.state = 'ready' AND c.queue = :queue AND c.partition_hash IS NOT NULL
+                 AND (((c.partition_hash % :n) + :n) % :n) IN (SELECT value FROM json_each(:slots))
+                 AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
+                                  WHERE e.partition_key = c.partition_key AND e.id < c.id
+                                    AND e.partition_hash IS NOT NULL
+                                    AND e.state IN ('scheduled','ready','running'))
+               ORDER BY c.id
+               LIMIT :limit)
+RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item
+
 -- name: job_any_ready
-SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue LIMIT 1
+SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue AND partition_hash IS NULL
+ LIMIT 1
 
 -- name: job_complete_many
 -- :rows is a JSON array of [id, token, result JSON text or null, note or null]: one
@@ -299,6 +320,61 @@ DELETE FROM justonce_batch_failures WHERE batch_id = :id
 
 -- name: batch_delete
 DELETE FROM justonce_batches WHERE id = :id
+
+-- Partition leases (every write runs in BEGIN IMMEDIATE: acquires take turns).
+
+-- name: lease_set_lock
+INSERT INTO justonce_partition_sets (set_name, n, updated_at) VALUES (:set, :n, NOW())
+ON CONFLICT (set_name) DO UPDATE SET updated_at = NOW()
+RETURNING n
+
+-- name: lease_set_held
+SELECT count(*) FROM justonce_partition_leases
+ WHERE set_name = :set AND owner IS NOT NULL AND expires_at > NOW()
+
+-- name: lease_set_resize
+UPDATE justonce_partition_sets SET n = :n, updated_at = NOW() WHERE set_name = :set
+RETURNING n
+
+-- name: lease_slots_ensure
+WITH RECURSIVE s(slot) AS (SELECT 0 UNION ALL SELECT slot + 1 FROM s WHERE slot + 1 < :n)
+INSERT INTO justonce_partition_leases (set_name, slot) SELECT :set, slot FROM s WHERE true
+ON CONFLICT DO NOTHING
+RETURNING slot
+
+-- name: lease_take
+UPDATE justonce_partition_leases
+   SET owner = :owner, token = token + 1, expires_at = NOW() + :lease,
+       acquired_at = NOW(), renewed_at = NOW()
+ WHERE set_name = :set
+   AND slot = (SELECT slot FROM justonce_partition_leases
+                WHERE set_name = :set AND slot < :n AND (owner IS NULL OR expires_at <= NOW())
+                ORDER BY slot
+                LIMIT 1)
+RETURNING slot, token, expires_at
+
+-- name: lease_renew
+UPDATE justonce_partition_leases SET expires_at = NOW() + :lease, renewed_at = NOW()
+ WHERE set_name = :set AND slot = :slot AND token = :token AND owner IS NOT NULL
+RETURNING expires_at
+
+-- name: lease_release
+UPDATE justonce_partition_leases SET owner = NULL, expires_at = NULL
+ WHERE set_name = :set AND slot = :slot AND token = :token AND owner IS NOT NULL
+RETURNING slot
+
+-- name: lease_fence
+-- In the caller's write transaction no takeover can commit before it ends.
+SELECT 1 FROM justonce_partition_leases
+ WHERE set_name = :set AND slot = :slot AND token = :token AND owner IS NOT NULL
+
+-- name: lease_list
+SELECT l.set_name, s.n, l.slot, l.owner, l.token, l.expires_at,
+       (l.owner IS NOT NULL AND l.expires_at > NOW())
+  FROM justonce_partition_leases l
+  JOIN justonce_partition_sets s ON s.set_name = l.set_name
+ WHERE (:set IS NULL OR l.set_name = :set) AND l.slot < s.n
+ ORDER BY l.set_name, l.slot
 
 -- name: db_now
 SELECT NOW()

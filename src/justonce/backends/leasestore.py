@@ -1,0 +1,69 @@
+"""The partition-lease operations of every backend: one algorithm over each backend's SQL
+(the ``lease_*`` statements of its ``queries.sql``), like batchstore.py.
+
+An acquire runs in one transaction: it takes the set's row (so acquires of one set take
+turns, and a change of ``n`` is checked and made atomically), makes sure the slot rows
+exist, then takes the first free or expired slot with a new token. Slot rows are never
+deleted, so a slot's token only ever grows: a token once fenced out stays fenced out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from ..errors import PartitionConflict
+from ..models import SlotInfo
+from .batchstore import BatchStore
+
+
+class LeaseStore(BatchStore):
+    """Mixin: the Backend protocol's ``lease_*`` operations."""
+
+    def lease_acquire(self, set_name: str, n: int, owner: str,
+                      lease: float) -> tuple[int, int, datetime] | None:
+        params = {"set": set_name, "n": n, "owner": owner, "lease": lease}
+
+        def run(c: Any) -> tuple[int, int, datetime] | None:
+            current = self._b_rows(c, "lease_set_lock", params)[0][0]
+            if current != n:
+                held = self._b_rows(c, "lease_set_held", params)[0][0]
+                if held:
+                    raise PartitionConflict(
+                        f"partition set {set_name!r} has {current} slots and {held} of them are "
+                        f"held: n can become {n} only when no slot is held (stop its holders, "
+                        "or wait for their leases to expire)"
+                    )
+                self._b_rows(c, "lease_set_resize", params)
+            self._b_rows(c, "lease_slots_ensure", params)
+            rows = self._b_rows(c, "lease_take", params)
+            if not rows:
+                return None
+            slot, token, expires = rows[0]
+            return int(slot), int(token), self._b_time(expires)  # type: ignore[return-value]
+
+        return self._b_tx(None, run)
+
+    def lease_renew(self, set_name: str, slot: int, token: int, lease: float) -> datetime | None:
+        params = {"set": set_name, "slot": slot, "token": token, "lease": lease}
+        rows = self._b_tx(None, lambda c: self._b_rows(c, "lease_renew", params))
+        return self._b_time(rows[0][0]) if rows else None
+
+    def lease_release(self, set_name: str, slot: int, token: int) -> bool:
+        params = {"set": set_name, "slot": slot, "token": token}
+        return bool(self._b_tx(None, lambda c: self._b_rows(c, "lease_release", params)))
+
+    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int) -> bool:
+        c = self._b_fence_connection(conn)
+        return bool(self._b_rows(c, "lease_fence", {"set": set_name, "slot": slot, "token": token}))
+
+    def lease_list(self, set_name: str | None) -> list[SlotInfo]:
+        rows: Sequence[Any] = self._b_read("lease_list", {"set": set_name})
+        return [SlotInfo(r[0], int(r[1]), int(r[2]), r[3], int(r[4]), self._b_time(r[5]), bool(r[6]))
+                for r in rows]
+
+    def _b_fence_connection(self, conn: Any) -> Any:
+        """The caller's connection, checked to be inside a transaction (a fence outside
+        one would hold nothing)."""
+        raise NotImplementedError

@@ -1,0 +1,331 @@
+"""Partitions: N workers share one data set with no overlap, and standbys take over.
+
+- :func:`partition_of` says which of ``n`` slots a key belongs to: ``key mod n`` for
+  integers (never negative), the CRC-32 of the UTF-8 bytes mod n for text (of the bytes
+  for bytes). :func:`slot_predicate` is the same rule as SQL, for a query over your table.
+- A partition lease gives one process a slot ``0..n-1`` of a named set, with an expiry and
+  a fencing token that grows with each new holder. ``acquire`` takes the first free or
+  expired slot, or waits as a standby until one frees up. Renewal runs in the background
+  while the holder works; :meth:`PartitionLease.fence` checks, inside the caller's own
+  transaction, that the token is still current, so a holder that was paused past its lease
+  (a zombie) cannot write after another process took its slot.
+- Partitioned queues (``partition_key`` on jobs, workers started with ``--partitions``)
+  and partitioned scans (:meth:`Partitions.scan`) are built on the two.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+import zlib
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import validate
+from .errors import ConfigurationError, InvalidOption, LeaseLost, NoFreeSlot, PartitionSetNotFound
+from .models import SlotInfo
+from .tasks import Task
+
+if TYPE_CHECKING:
+    from .app import App
+    from .batches import Batch, Callback
+
+log = logging.getLogger("justonce.partitions")
+
+MAX_SLOTS = 4096
+"""Most slots a set may have."""
+ENV_N = "JUSTONCE_PARTITIONS"
+"""Where ``n`` comes from when it is not given (the seed's ``ENV["N"]``)."""
+INT64 = 2**63
+DIALECTS = ("postgres", "sqlite")
+
+
+def partition_hash(key: Any) -> int:
+    """The number a key is partitioned by: an integer key itself, the CRC-32 of a text
+    key's UTF-8 bytes, the CRC-32 of bytes."""
+    if isinstance(key, bool):
+        raise InvalidOption("a partition key is an int, a str or bytes, not a bool")
+    if isinstance(key, int):
+        if not -INT64 <= key < INT64:
+            raise InvalidOption(f"an integer partition key must fit in 64 bits, not {key}")
+        return key
+    if isinstance(key, str):
+        try:
+            return zlib.crc32(key.encode())
+        except UnicodeEncodeError:
+            raise InvalidOption("a text partition key cannot contain a lone surrogate") from None
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return zlib.crc32(bytes(key))
+    raise InvalidOption(f"a partition key is an int, a str or bytes, not {type(key).__name__}")
+
+
+def partition_of(key: Any, n: int) -> int:
+    """The slot of ``key`` among ``n``: in ``0..n-1``, also for negative integers."""
+    return partition_hash(key) % slots(n)
+
+
+def slots(n: Any) -> int:
+    """Validate a number of slots."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SLOTS:
+        raise InvalidOption(f"n (the number of slots) must be an integer in [1, {MAX_SLOTS}], not {n!r}")
+    return n
+
+
+def slot_expression(column: str, n: int, *, key_type: str = "int", dialect: str = "postgres",
+                    schema: str | None = None) -> str:
+    """SQL for the slot of ``column`` among ``n`` (the same number as :func:`partition_of`).
+
+    ``key_type="int"``: an integer column, ``MOD(col, n)`` brought into ``0..n-1`` for
+    negative values. ``key_type="text"``: a text column, through ``justonce_crc32`` — on
+    Postgres a function ``justonce migrate`` creates (in ``schema``, if justonce's tables
+    live in one), on SQLite a function registered on each connection (justonce's own, and
+    yours with :func:`register_sqlite_functions`). ``column`` is an SQL identifier or a
+    dotted pair (``t.id``), never user input: it is checked against that pattern.
+    """
+    n = slots(n)
+    col = validate.sql_identifier(column)
+    if dialect not in DIALECTS:
+        raise InvalidOption(f"dialect must be one of {DIALECTS}, not {dialect!r}")
+    if key_type == "int":
+        if dialect == "postgres":
+            return f"mod(mod({col}, {n}) + {n}, {n})"
+        return f"((({col}) % {n}) + {n}) % {n}"
+    if key_type == "text":
+        if dialect == "postgres":
+            fn = f"{validate.sql_identifier(schema)}.justonce_crc32" if schema else "justonce_crc32"
+            return f"mod({fn}(convert_to({col}, 'UTF8')), {n})"
+        return f"(justonce_crc32({col}) % {n})"
+    raise InvalidOption(f"key_type must be 'int' or 'text', not {key_type!r}")
+
+
+def slot_predicate(column: str, n: int, slot: int, *, key_type: str = "int",
+                   dialect: str = "postgres", schema: str | None = None) -> str:
+    """A WHERE condition that selects exactly the rows whose key :func:`partition_of`
+    assigns to ``slot``: ``MOD(col, n) = slot`` for integer keys (normalised for negative
+    ones), the CRC-32 rule for text keys (see :func:`slot_expression`)."""
+    n = slots(n)
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
+        raise InvalidOption(f"slot must be an integer in [0, {n}), not {slot!r}")
+    return f"{slot_expression(column, n, key_type=key_type, dialect=dialect, schema=schema)} = {slot}"
+
+
+def register_sqlite_functions(conn: sqlite3.Connection) -> None:
+    """Make ``justonce_crc32(text or blob)`` available on your own SQLite connection, for
+    text-key predicates (justonce registers it on its own connections)."""
+    conn.create_function("justonce_crc32", 1, _sqlite_crc32, deterministic=True)
+
+
+def _sqlite_crc32(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return zlib.crc32(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, bytes):
+        return zlib.crc32(value)
+    return zlib.crc32(str(value).encode())
+
+
+def n_from_env(n: int | None) -> int:
+    """``n`` as given, else ``$JUSTONCE_PARTITIONS``."""
+    if n is not None:
+        return slots(n)
+    raw = os.environ.get(ENV_N)
+    if raw is None:
+        raise ConfigurationError(f"give n, or set ${ENV_N} to the number of slots")
+    try:
+        return slots(int(raw))
+    except ValueError:
+        raise ConfigurationError(f"${ENV_N} must be an integer, not {raw!r}") from None
+
+
+class PartitionLease:
+    """Slot ``slot`` of ``n`` in set ``set_name``, held by ``owner`` until ``expires_at``.
+
+    As a context manager it renews itself in a background thread every ``lease / 3`` s
+    and releases the slot on exit. ``lost`` turns True when a renewal finds the slot taken
+    by another holder (this process was paused past its lease): stop working on the slot.
+    """
+
+    def __init__(self, partitions: Partitions, set_name: str, n: int, slot: int, token: int,
+                 owner: str, lease: float, expires_at: datetime) -> None:
+        self._partitions = partitions
+        self.set_name, self.n, self.slot, self.token = set_name, n, slot, token
+        self.owner, self.lease, self.expires_at = owner, lease, expires_at
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def backend(self) -> Any:
+        return self._partitions.app.backend
+
+    def predicate(self, column: str, *, key_type: str = "int", dialect: str | None = None) -> str:
+        """This slot's WHERE condition over ``column`` (see :func:`slot_predicate`)."""
+        return self._partitions.predicate(column, self.n, self.slot, key_type=key_type, dialect=dialect)
+
+    def owns(self, key: Any) -> bool:
+        return partition_of(key, self.n) == self.slot
+
+    def renew(self) -> datetime:
+        """Extend the lease by ``lease`` s from now. Raises :class:`LeaseLost` when another
+        holder has the slot (and marks the lease lost)."""
+        expires = self.backend.lease_renew(self.set_name, self.slot, self.token, self.lease)
+        if expires is None:
+            self.lost = True
+            raise LeaseLost(f"slot {self.slot} of {self.set_name!r} was taken over: "
+                            f"token {self.token} is no longer current")
+        self.expires_at = expires
+        return expires
+
+    def release(self) -> None:
+        """Give the slot up at once (a standby may take it). Idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        if not self.lost:
+            self.backend.lease_release(self.set_name, self.slot, self.token)
+
+    def fence(self, conn: Any) -> None:
+        """Inside your open transaction on ``conn``: raise :class:`LeaseLost` unless this
+        lease's token is still the slot's current one, and hold the slot's row so that no
+        takeover can commit before your transaction ends. Call it before the writes that
+        only the holder may make; a zombie's call fails and its transaction rolls back."""
+        if not self.backend.lease_fence(conn, self.set_name, self.slot, self.token):
+            self.lost = True
+            raise LeaseLost(f"slot {self.slot} of {self.set_name!r} belongs to a newer holder: "
+                            f"token {self.token} is fenced out")
+
+    def start_renewing(self) -> PartitionLease:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._renew_loop, daemon=True,
+                                            name=f"justonce-lease-{self.set_name}-{self.slot}")
+            self._thread.start()
+        return self
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            try:
+                self.renew()
+            except LeaseLost:
+                log.warning("partition lease lost", extra={
+                    "event": "partition.lost", "set": self.set_name, "slot": self.slot,
+                    "token": self.token})
+                return
+            except Exception as exc:  # noqa: BLE001 - keep trying while the lease lasts
+                log.warning("partition lease renewal failed, retrying",
+                            extra={"event": "partition.renew_error", "error": str(exc)})
+
+    def __enter__(self) -> PartitionLease:
+        return self.start_renewing()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return (f"PartitionLease({self.set_name!r}, slot={self.slot}/{self.n}, "
+                f"token={self.token}, lost={self.lost})")
+
+
+class Partitions:
+    """The partition API of an :class:`~justonce.App` (``app.partitions``)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    def try_acquire(self, set_name: str, n: int | None = None, *, lease: float = 30.0,
+                    owner: str | None = None) -> PartitionLease | None:
+        """Take the first free or expired slot of ``set_name`` now, or None when every
+        slot is held. Raises :class:`PartitionConflict` when the set is held with another
+        ``n`` (every holder must stop, or its lease expire, before ``n`` changes)."""
+        name = validate.set_name(set_name)
+        n = n_from_env(n)
+        lease = validate.bounded(lease, "lease", 0.1, 86400)
+        who = owner or _default_owner()
+        got = self.app.backend.lease_acquire(name, n, who, lease)
+        if got is None:
+            return None
+        slot, token, expires_at = got
+        log.info("partition acquired", extra={"event": "partition.acquired", "set": name,
+                                              "slot": slot, "n": n, "token": token})
+        return PartitionLease(self, name, n, slot, token, who, lease, expires_at)
+
+    def acquire(self, set_name: str, n: int | None = None, *, lease: float = 30.0,
+                timeout: float | timedelta | None = None, poll: float | None = None,
+                owner: str | None = None) -> PartitionLease:
+        """Take a slot, waiting as a standby while every slot is held: the first slot whose
+        holder releases it or lets its lease expire is taken (checked every ``poll`` s,
+        default ``lease / 3``). ``timeout``: give up with :class:`NoFreeSlot` after that
+        many seconds (None waits for ever, 0 tries once). Use it as a context manager to
+        renew in the background and release on exit."""
+        lease = validate.bounded(lease, "lease", 0.1, 86400)
+        wait = None if timeout is None else validate.bounded(timeout, "timeout", 0, 10 * 365 * 86400)
+        every = validate.bounded(poll, "poll", 0.01, 3600) if poll is not None else min(lease / 3, 1.0)
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            got = self.try_acquire(set_name, n, lease=lease, owner=owner)
+            if got is not None:
+                return got
+            if deadline is not None and time.monotonic() >= deadline:
+                raise NoFreeSlot(f"every slot of {set_name!r} is held (waited {wait:g}s)")
+            pause = every if deadline is None else max(0.0, min(every, deadline - time.monotonic()))
+            time.sleep(pause)
+
+    def list(self, set_name: str | None = None) -> list[SlotInfo]:
+        """Every slot of every set (or of one), with owner, expiry and token."""
+        name = validate.set_name(set_name) if set_name is not None else None
+        rows = self.app.backend.lease_list(name)
+        if name is not None and not rows:
+            raise PartitionSetNotFound(f"no partition set {name!r}")
+        return rows
+
+    def predicate(self, column: str, n: int, slot: int, *, key_type: str = "int",
+                  dialect: str | None = None) -> str:
+        """:func:`slot_predicate` in this app's database dialect (and schema)."""
+        backend = self.app.backend
+        return slot_predicate(column, n, slot, key_type=key_type,
+                              dialect=dialect or backend.name,
+                              schema=getattr(backend, "schema", None))
+
+    def scan(self, task: str | Task, *, column: str, n: int | None = None,
+             key_type: str = "int", dialect: str | None = None, description: str | None = None,
+             on_complete: Callback | None = None, on_success: Callback | None = None,
+             **options: Any) -> Batch:
+        """Fan a query over your table out into ``n`` jobs of ``task``, one per slot, tracked
+        as a sealed batch (its ``on_complete`` runs once when every slot's job is done).
+
+        Job ``k`` is called with the keyword arguments ``predicate`` (the SQL condition of
+        slot ``k`` over ``column``), ``slot`` and ``n``: run your query with
+        ``WHERE <predicate>``. A job that dies is retried like any job, so make its writes
+        idempotent (the effect ledger, or a unique key in your own table)."""
+        n = n_from_env(n)
+        dialect = dialect or self.app.backend.name
+        calls = [{"predicate": self.predicate(column, n, k, key_type=key_type, dialect=dialect),
+                  "slot": k, "n": n} for k in range(n)]
+        batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
+                                      on_complete=on_complete, on_success=on_success)
+        batch.enqueue_calls(task, calls, **options)
+        batch.seal()
+        return batch
+
+
+def _default_owner() -> str:
+    from .worker.worker import default_owner
+
+    return default_owner()
+
+
+def parse_set_spec(spec: str) -> tuple[str, int]:
+    """``SET:N`` (or ``SET``, with N from ``$JUSTONCE_PARTITIONS``) → (set, n)."""
+    name, sep, raw = spec.partition(":")
+    if not sep:
+        return validate.set_name(name), n_from_env(None)
+    try:
+        return validate.set_name(name), slots(int(raw))
+    except ValueError:
+        raise InvalidOption(f"--partitions {spec!r}: expected SET:N with N an integer") from None
+

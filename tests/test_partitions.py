@@ -1,0 +1,300 @@
+"""Partitions, against every backend: hashing in Python and SQL, leases, fencing, standby
+takeover, partitioned claims, bad input. Real processes are in test_partition_processes.py."""
+
+from __future__ import annotations
+
+import random
+import string
+import time
+import zlib
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import proc_app
+from justonce import (
+    App,
+    InvalidName,
+    InvalidOption,
+    JobState,
+    LeaseLost,
+    NoFreeSlot,
+    PartitionConflict,
+    PartitionSetNotFound,
+)
+from justonce.partitions import partition_of, register_sqlite_functions, slot_expression, slot_predicate
+
+# -- hashing -----------------------------------------------------------------------------------
+
+
+def test_partition_of_follows_the_documented_rule() -> None:
+    assert [partition_of(k, 4) for k in (0, 1, 5, 8, -1, -7)] == [0, 1, 1, 0, 3, 1]
+    assert partition_of("ada", 7) == zlib.crc32(b"ada") % 7
+    assert partition_of("é", 5) == zlib.crc32("é".encode()) % 5
+    assert partition_of(b"\x00\xff", 9) == zlib.crc32(b"\x00\xff") % 9
+    assert partition_of(2**63 - 1, 10) == (2**63 - 1) % 10
+    assert all(partition_of(k, 1) == 0 for k in (3, "x", b"y"))
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: partition_of(1, 0), lambda: partition_of(1, -2), lambda: partition_of(1, 2.0),
+    lambda: partition_of(1, True), lambda: partition_of(True, 2), lambda: partition_of(1.5, 2),
+    lambda: partition_of(None, 2), lambda: partition_of(2**63, 2), lambda: partition_of("\ud800", 2),
+    lambda: partition_of(1, 5000), lambda: slot_predicate("id", 4, 4), lambda: slot_predicate("id", 4, -1),
+    lambda: slot_predicate("id; DROP TABLE x", 4, 1), lambda: slot_predicate("id", 4, 1, key_type="uuid"),
+    lambda: slot_predicate("id", 4, 1, dialect="oracle"),
+])
+def test_bad_hashing_input_is_refused(bad: Any) -> None:
+    with pytest.raises((InvalidOption, InvalidName)):
+        bad()
+
+
+@pytest.mark.slow
+def test_every_key_lands_in_one_slot_and_python_and_sql_agree(db_url: str) -> None:
+    """1,000,000 integer ids (negative ones too) and 200,000 random strings (fixed seed),
+    for n = 2..64: the SQL slot of every key is partition_of's, the per-slot counts and sums
+    agree, integer slots differ by at most one key and string slots stay within 6 % of the
+    mean. For n = 2, 7 and 64 the SQL slot of every key is compared with partition_of, and
+    for n = 7 every slot's predicate is run: the slots cover every key exactly once."""
+    dialect = "sqlite" if db_url.startswith("sqlite") else "postgres"
+    App(db_url).migrate()  # the Postgres CRC-32 function
+    conn = proc_app.ledger_connect(db_url)
+    if dialect == "sqlite":
+        register_sqlite_functions(conn)
+    rng = random.Random(20261122)
+    words = ["".join(rng.choices(string.ascii_letters + string.digits + "éß✓", k=rng.randint(8, 32)))
+             for _ in range(200_000)]
+    try:
+        conn.execute("CREATE TABLE ints (id bigint PRIMARY KEY)")
+        conn.execute("CREATE TABLE words (i integer PRIMARY KEY, w text NOT NULL, crc bigint)")
+        if dialect == "sqlite":
+            conn.execute("BEGIN")
+            conn.execute("WITH RECURSIVE s(x) AS (SELECT -500000 UNION ALL SELECT x + 1 FROM s "
+                         "WHERE x < 499999) INSERT INTO ints SELECT x FROM s")
+            conn.executemany("INSERT INTO words (i, w) VALUES (?, ?)", list(enumerate(words)))
+            conn.execute("UPDATE words SET crc = justonce_crc32(w)")
+            conn.execute("COMMIT")
+        else:
+            conn.execute("INSERT INTO ints SELECT generate_series(-500000, 499999)")
+            with conn.cursor().copy("COPY words (i, w) FROM STDIN") as copy:
+                for row in enumerate(words):
+                    copy.write_row(row)
+            conn.execute("UPDATE words SET crc = justonce_crc32(convert_to(w, 'UTF8'))")
+        ints = range(-500_000, 500_000)
+        # Every string's CRC-32 computed in SQL is Python's.
+        sql_crc = [r[0] for r in conn.execute("SELECT crc FROM words ORDER BY i").fetchall()]
+        assert sql_crc == [zlib.crc32(w.encode()) for w in words]
+        for n in range(2, 65):
+            expr = slot_expression("id", n, dialect=dialect)
+            got = {r[0]: (r[1], r[2]) for r in conn.execute(
+                f"SELECT {expr}, count(*), sum(id) FROM ints GROUP BY 1").fetchall()}
+            assert got == residue_counts_and_sums(ints, n), n
+            counts = [c for c, _ in got.values()]
+            assert max(counts) - min(counts) <= 1
+            per_word = Counter(c % n for c in sql_crc)
+            got_words = dict(conn.execute(f"SELECT crc % {n}, count(*) FROM words GROUP BY 1").fetchall())
+            assert got_words == dict(per_word), n
+            mean = len(words) / n
+            assert all(abs(c - mean) <= 0.06 * mean for c in per_word.values()), (n, per_word)
+        assert all(partition_of(k, 64) == k % 64 for k in ints)
+        for n in (2, 7, 64):  # the SQL slot of every key, against partition_of
+            for key, slot in conn.execute(f"SELECT id, {slot_expression('id', n, dialect=dialect)} FROM ints"):
+                assert slot == partition_of(key, n), (key, n)
+            text = slot_expression("w", n, key_type="text", dialect=dialect)
+            for i, slot in conn.execute(f"SELECT i, {text} FROM words"):
+                assert slot == partition_of(words[i], n), (words[i], n)
+        n = 7  # and the generated predicates themselves, slot by slot: each key in one slot
+        seen_ints: Counter[int] = Counter()
+        seen_words: Counter[int] = Counter()
+        for slot in range(n):
+            seen_ints.update(r[0] for r in conn.execute(
+                f"SELECT id FROM ints WHERE {slot_predicate('id', n, slot, dialect=dialect)}"))
+            pred = slot_predicate("w", n, slot, key_type="text", dialect=dialect)
+            seen_words.update(r[0] for r in conn.execute(f"SELECT i FROM words WHERE {pred}"))
+        assert len(seen_ints) == len(ints) and set(seen_ints.values()) == {1}
+        assert len(seen_words) == len(words) and set(seen_words.values()) == {1}
+    finally:
+        for table in ("ints", "words"):
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
+
+
+def residue_counts_and_sums(keys: range, n: int) -> dict[int, tuple[int, int]]:
+    """For each slot r of n: how many keys of the contiguous range have key mod n = r, and
+    their sum (closed form: the keys of one slot are an arithmetic progression). The
+    generated predicates are checked against partition_of key by key below."""
+    out = {}
+    for r in range(n):
+        first = keys.start + (r - keys.start) % n
+        count = max(0, (keys.stop - 1 - first) // n + 1)
+        out[r] = (count, count * first + n * count * (count - 1) // 2)
+    return out
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def test_slots_go_to_the_first_free_one_and_tokens_grow_with_each_holder(app: App) -> None:
+    a = app.partitions.try_acquire("mail", 2, lease=0.3, owner="a")
+    b = app.partitions.try_acquire("mail", 2, lease=30, owner="b")
+    assert (a.slot, a.token, b.slot, b.token) == (0, 1, 1, 1)
+    assert app.partitions.try_acquire("mail", 2, owner="c") is None
+    time.sleep(0.4)  # a stops renewing: its lease expires
+    c = app.partitions.try_acquire("mail", 2, lease=30, owner="c")
+    assert (c.slot, c.token) == (0, 2)
+    with pytest.raises(LeaseLost):
+        a.renew()
+    assert a.lost
+    b.renew()
+    b.release()
+    d = app.partitions.try_acquire("mail", 2, owner="d")
+    assert (d.slot, d.token) == (1, 2)
+    listed = app.partitions.list("mail")
+    assert [(s.slot, s.owner, s.token, s.held) for s in listed] == [(0, "c", 2, True), (1, "d", 2, True)]
+
+
+def test_a_standby_waits_and_takes_the_slot_when_it_is_released(app: App) -> None:
+    holder = app.partitions.acquire("s", 1, lease=30)
+    with pytest.raises(NoFreeSlot):
+        app.partitions.acquire("s", 1, timeout=0.2, poll=0.05)
+    import threading
+
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(app.partitions.acquire("s", 1, poll=0.02, timeout=10)))
+    t.start()
+    time.sleep(0.2)
+    assert not got
+    holder.release()
+    t.join(10)
+    assert got and got[0].slot == 0 and got[0].token == 2
+
+
+def test_a_lease_used_as_context_manager_renews_itself_and_releases_on_exit(app: App) -> None:
+    with app.partitions.acquire("ctx", 1, lease=0.3) as lease:
+        time.sleep(0.8)  # past the lease: the background renewal kept it
+        lease.renew()
+        assert not lease.lost
+        assert app.partitions.try_acquire("ctx", 1) is None
+    assert app.partitions.try_acquire("ctx", 1) is not None
+
+
+def test_n_comes_from_the_environment(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUSTONCE_PARTITIONS", "3")
+    assert app.partitions.try_acquire("env").n == 3
+    monkeypatch.setenv("JUSTONCE_PARTITIONS", "three")
+    with pytest.raises(Exception, match="JUSTONCE_PARTITIONS"):
+        app.partitions.try_acquire("env")
+
+
+def test_n_cannot_change_while_a_slot_is_held(app: App) -> None:
+    held = app.partitions.try_acquire("resize", 4, lease=0.3)
+    with pytest.raises(PartitionConflict, match="n can become 8"):
+        app.partitions.try_acquire("resize", 8)
+    time.sleep(0.4)  # the holder is gone: now n may change, and tokens keep growing
+    bigger = app.partitions.try_acquire("resize", 8)
+    assert (bigger.n, bigger.slot, bigger.token) == (8, 0, held.token + 1)
+    assert len(app.partitions.list("resize")) == 8
+
+
+def test_the_fence_admits_the_holder_and_refuses_a_zombie(app: App, db_url: str) -> None:
+    proc_app.create_partition_tables(db_url)
+    zombie = app.partitions.try_acquire("f", 1, lease=0.2)
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        with pytest.raises(InvalidOption, match="transaction"):
+            zombie.fence(conn)  # outside a transaction it would hold nothing
+        with proc_app._Tx(conn) as c:
+            zombie.fence(c)
+            c.execute(proc_app._sql(c, "INSERT INTO fenced_writes (slot, token, pid, at) VALUES (?, ?, 1, 0)"),
+                      (zombie.slot, zombie.token))
+        time.sleep(0.3)
+        successor = app.partitions.try_acquire("f", 1, lease=30)
+        with pytest.raises(LeaseLost), proc_app._Tx(conn) as c:
+            zombie.fence(c)
+            c.execute(proc_app._sql(c, "INSERT INTO fenced_writes (slot, token, pid, at) VALUES (?, ?, 2, 0)"),
+                      (zombie.slot, zombie.token))
+        with proc_app._Tx(conn) as c:
+            successor.fence(c)
+        rows = conn.execute("SELECT pid FROM fenced_writes").fetchall()
+        assert [r[0] for r in rows] == [1]
+    finally:
+        conn.close()
+
+
+def test_bad_lease_input_gets_clear_errors(app: App) -> None:
+    for call in (lambda: app.partitions.try_acquire("s", 0), lambda: app.partitions.try_acquire("s", -1),
+                 lambda: app.partitions.try_acquire("s", "4"), lambda: app.partitions.try_acquire("", 2),
+                 lambda: app.partitions.try_acquire("bad name", 2),
+                 lambda: app.partitions.try_acquire("s", 2, lease=0),
+                 lambda: app.partitions.acquire("s", 2, timeout=-1),
+                 lambda: app.partitions.acquire("s", 2, poll=0)):
+        with pytest.raises((InvalidOption, InvalidName)):
+            call()
+    with pytest.raises(PartitionSetNotFound):
+        app.partitions.list("never-used")
+    assert app.partitions.list() == []
+
+
+# -- partitioned claims ------------------------------------------------------------------------
+
+
+def test_partitioned_jobs_are_claimed_one_per_key_in_enqueue_order_by_their_slots_holder(app: App) -> None:
+    @app.task
+    def step(key: Any, i: int) -> None: ...
+
+    ids = {}
+    for i in range(3):
+        for key in ("a", "b", 7):
+            ids[(key, i)] = app.enqueue(step, [key, i], partition_key=key).id
+    plain = app.enqueue(step, ["plain", 0]).id
+    n = 2
+    slot_of = {k: partition_of(k, n) for k in ("a", "b", 7)}
+    # An ordinary claim leaves partitioned jobs alone.
+    assert [j.id for j in app.backend.job_claim("default", 10, "w", 30)] == [plain]
+    first = app.backend.job_claim("default", 10, "w", 30, (n, [0, 1]))
+    assert sorted(j.id for j in first) == sorted(ids[(k, 0)] for k in ("a", "b", 7))
+    assert app.backend.job_claim("default", 10, "w", 30, (n, [0, 1])) == []  # each key is busy
+    done_a = next(j for j in first if j.args[0] == "a")
+    from justonce.models import Completion
+
+    accepted, nxt = app.backend.job_complete_and_claim(
+        [Completion(done_a.id, done_a.lease_token, None)], "default", 10, "w", 30,
+        (n, [slot_of["a"]]))
+    assert accepted == {done_a.id} and [j.id for j in nxt] == [ids[("a", 1)]]
+    # A holder of the other slot only gets the keys of its slot.
+    other = 1 - slot_of["a"]
+    assert all(slot_of[j.args[0]] == other for j in first if j.args[0] != "a" and slot_of[j.args[0]] == other)
+    assert app.backend.job_claim("default", 10, "w", 30, (n, [])) == []
+    assert app.get_job(ids[("a", 2)]).state is JobState.READY
+
+
+def test_a_failed_job_holds_back_the_rest_of_its_key_until_it_is_retried(
+    app: App, worker_factory: Any
+) -> None:
+    runs: list[int] = []
+
+    @app.task(max_attempts=3, backoff=lambda attempt: 0.2)
+    def flaky(i: int) -> None:
+        runs.append(i)
+        if i == 0 and runs.count(0) == 1:
+            raise RuntimeError("first try fails")
+
+    for i in range(4):
+        app.enqueue(flaky, [i], partition_key="k")
+    worker_factory(partitions="p:1", concurrency=4)
+    deadline = time.monotonic() + 20
+    while len(runs) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runs == [0, 0, 1, 2, 3]
+
+
+def test_worker_partition_options_are_checked(app: App) -> None:
+    from justonce import Worker
+
+    for bad in ({"partitions": "p"}, {"partitions": "p:0"}, {"partitions": "p:x"},
+                {"partitions": "bad name:2"}, {"partitions": "p:2", "partition_slots": 3},
+                {"partitions": "p:2", "partition_slots": 0}):
+        with pytest.raises(Exception) as info:
+            Worker(app, **bad)
+        assert "JUSTONCE_PARTITIONS" in str(info.value) or isinstance(info.value, (InvalidOption, InvalidName))
