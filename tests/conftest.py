@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from fleet import Fleet, fleet_on  # noqa: E402
 from justonce import App, Worker  # noqa: E402
 from pgcluster import DEFAULT_URL, Cluster, can_connect, pg_bin  # noqa: E402
 
@@ -110,3 +111,10 @@ def worker_factory(app: App):
     for w in started:
         w.stop()
         assert w.join(15)
+
+
+@pytest.fixture
+def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    """Real ``justonce worker`` processes on the test's database, killed at the end."""
+    with fleet_on(db_url, tmp_path) as f:
+        yield f

@@ -346,3 +346,59 @@ def scan_slot(predicate: str, slot: int, n: int) -> int:
         if count < 500:
             return total
         time.sleep(0.02)
+
+
+# -- for the effect tests ---------------------------------------------------------------------
+
+EFFECT_DDL = {"sqlite": "CREATE TABLE IF NOT EXISTS effect_log (k TEXT, pid INTEGER, event TEXT)",
+              "postgres": "CREATE TABLE IF NOT EXISTS effect_log (k text, pid int, event text)"}
+
+
+def create_effect_log(url: str) -> None:
+    conn = ledger_connect(url)
+    try:
+        conn.execute(EFFECT_DDL[dialect(conn)])
+    finally:
+        conn.close()
+
+
+def effect_rows(url: str) -> list[tuple[str, int, str]]:
+    conn = ledger_connect(url)
+    try:
+        return [tuple(r) for r in conn.execute("SELECT k, pid, event FROM effect_log").fetchall()]
+    finally:
+        conn.close()
+
+
+def race_effects(url: str, scope: str, keys: list[int], start: Any, results: Any) -> None:
+    """Run the effect of every key (in a shuffled order) from this process; the effect
+    writes one effect_log row. Puts (pid, how many ran here) on ``results``."""
+    own = justonce.App(url, strict=False)
+    conn = ledger_connect(url)
+    rng = random.Random(os.getpid())
+    keys = list(keys)
+    rng.shuffle(keys)
+    start.wait(60)
+    ran = 0
+    for k in keys:
+        def effect(idem: str, k: int = k) -> None:
+            conn.execute(_sql(conn, "INSERT INTO effect_log (k, pid, event) VALUES (?, ?, 'sent')"),
+                         (idem, os.getpid()))
+        out = own.effects.run(scope, k, effect, lock_timeout=60)
+        ran += out.ran
+    results.put((os.getpid(), ran))
+    conn.close()
+    own.close()
+
+
+def hang_in_effect(url: str, scope: str, key: int, policy: str, lease: float) -> None:
+    """Claim the effect, log "start", then hang inside it (the test kills this process)."""
+    own = justonce.App(url, strict=False)
+    conn = ledger_connect(url)
+
+    def effect(idem: str) -> None:
+        conn.execute(_sql(conn, "INSERT INTO effect_log (k, pid, event) VALUES (?, ?, 'start')"),
+                     (idem, os.getpid()))
+        time.sleep(600)
+
+    own.effects.run(scope, key, effect, policy=policy, lease=lease)

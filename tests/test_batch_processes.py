@@ -8,21 +8,14 @@ import random
 import signal
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import proc_app
-from fleet import Fleet, fleet_on, ledger, proc_app_on, state_counts, wait_for
+from fleet import Fleet, ledger, proc_app_on, state_counts, wait_for
 from justonce import App, BatchState, Worker
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    with fleet_on(db_url, tmp_path) as f:
-        yield f
 
 
 @pytest.fixture

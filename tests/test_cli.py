@@ -15,7 +15,8 @@ from justonce.cli import cli
 COMMANDS = [[], ["migrate"], ["worker"], ["enqueue"], ["status"], ["jobs"], ["jobs", "list"],
             ["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["demo"], ["demo", "jobs"],
             ["batches"], ["batches", "list"], ["batches", "show"], ["batches", "seal"],
-            ["batches", "prune"], ["partitions"], ["partitions", "list"]]
+            ["batches", "prune"], ["partitions"], ["partitions", "list"], ["effects"],
+            ["effects", "in-doubt"], ["effects", "resolve"]]
 
 
 def run(*args: str, ok: bool = True):
@@ -29,7 +30,7 @@ def run(*args: str, ok: bool = True):
 def test_every_command_has_help(cmd: list[str]) -> None:
     result = run(*cmd, "--help")
     assert "Usage:" in result.output
-    if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"]):
+    if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"], ["effects"]):
         assert "--database-url" in result.output
 
 
@@ -157,5 +158,25 @@ def test_partitions_list_shows_owners_tokens_and_expiries(db_url: str) -> None:
         assert "host-a:1" in out and "held" in out and "free" in out and "mail" in out
         result = run("partitions", "list", "--set", "nope", *url, ok=False)
         assert result.exit_code != 0 and "PartitionSetNotFound" in result.output
+    finally:
+        app.close()
+
+
+def test_effects_in_doubt_and_resolve(db_url: str) -> None:
+    import time
+
+    url = ["--database-url", db_url]
+    app = App(db_url)
+    try:
+        app.migrate()
+        assert "no effects in doubt" in run("effects", "in-doubt", *url).output
+        app.effects.claim("push:9", 77, lease=0.05)
+        time.sleep(0.1)
+        listed = run("effects", "in-doubt", "--scope", "push:9", *url).output
+        assert "push:9" in listed and "77" in listed
+        assert run("effects", "resolve", "push:9", "77", *url, ok=False).exit_code != 0
+        assert "done" in run("effects", "resolve", "push:9", "77", "--done", *url).output
+        bad = run("effects", "resolve", "push:9", "77", "--redo", *url, ok=False)
+        assert bad.exit_code != 0 and "InvalidTransition" in bad.output
     finally:
         app.close()

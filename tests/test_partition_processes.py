@@ -18,19 +18,13 @@ from typing import Any
 import pytest
 
 import proc_app
-from fleet import HERE, Fleet, fleet_on, ledger, proc_app_on, wait_for
+from fleet import HERE, Fleet, ledger, proc_app_on, wait_for
 from justonce import App, BatchState, Enqueue
 
 pytestmark = pytest.mark.slow
 
 LEASE = 2.0
 RENEW = LEASE / 3
-
-
-@pytest.fixture
-def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    with fleet_on(db_url, tmp_path) as f:
-        yield f
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ from fleet import (
     LEASE,
     Fleet,
     error_kinds,
-    fleet_on,
     ledger,
     proc_app_on,
     running_jobs_of,
@@ -38,12 +37,6 @@ from justonce import App, Enqueue, Job
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-
-@pytest.fixture
-def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    with fleet_on(db_url, tmp_path) as f:
-        yield f
-
 
 @pytest.fixture
 def app(db_url: str) -> Iterator[App]:

@@ -14,6 +14,9 @@ EXPECTED = {
     # partitions
     "LeaseLost", "NoFreeSlot", "PartitionConflict", "PartitionLease", "PartitionSetNotFound",
     "Partitions", "SlotInfo", "partition_of", "slot_predicate",
+    # effects
+    "AT_LEAST_ONCE", "AT_MOST_ONCE", "EffectClaim", "EffectInfo", "EffectNotFound",
+    "EffectOutcome", "Effects", "LockTimeout",
 }
 
 

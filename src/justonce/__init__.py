@@ -2,12 +2,15 @@
 doing anything twice and without losing anything."""
 
 from .app import App
+from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
 from .batches import Batch, Batches
+from .effects import EffectClaim, EffectOutcome, Effects
 from .errors import (
     BatchExpired,
     BatchNotFound,
     ConfigurationError,
     DatabaseUnavailable,
+    EffectNotFound,
     InvalidArguments,
     InvalidItemId,
     InvalidName,
@@ -18,6 +21,7 @@ from .errors import (
     JustonceError,
     KeyConflict,
     LeaseLost,
+    LockTimeout,
     NoFreeSlot,
     NonRetryable,
     PartitionConflict,
@@ -28,7 +32,7 @@ from .errors import (
     ValidationError,
 )
 from .items import ItemGroup
-from .models import AckResult, BatchInfo, Job, SealResult, SlotInfo
+from .models import AckResult, BatchInfo, EffectInfo, Job, SealResult, SlotInfo
 from .partitions import PartitionLease, Partitions, partition_of, slot_predicate
 from .retry import Backoff
 from .tasks import Enqueue, Task
@@ -39,6 +43,8 @@ from .worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "AT_LEAST_ONCE",
+    "AT_MOST_ONCE",
     "MAX_PAYLOAD_BYTES",
     "MAX_RESULT_BYTES",
     "AckResult",
@@ -52,6 +58,11 @@ __all__ = [
     "Batches",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "EffectClaim",
+    "EffectInfo",
+    "EffectNotFound",
+    "EffectOutcome",
+    "Effects",
     "Enqueue",
     "InvalidArguments",
     "InvalidItemId",
@@ -66,6 +77,7 @@ __all__ = [
     "JustonceError",
     "KeyConflict",
     "LeaseLost",
+    "LockTimeout",
     "NoFreeSlot",
     "PartitionConflict",
     "PartitionLease",

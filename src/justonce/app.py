@@ -16,6 +16,7 @@ from typing import Any, overload
 from . import validate
 from .backends import Backend, open_backend, resolve_url
 from .batches import Batches
+from .effects import Effects
 from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
 from .models import Job, NewJob, QueueCount
 from .partitions import Partitions, partition_hash
@@ -49,6 +50,8 @@ class App:
         """Batches: open, add, enqueue into, seal, ack; see :class:`~justonce.batches.Batches`."""
         self.partitions = Partitions(self)
         """Partition leases and scans; see :class:`~justonce.partitions.Partitions`."""
+        self.effects = Effects(self)
+        """The effect ledger; see :class:`~justonce.effects.Effects`."""
 
     # -- wiring -------------------------------------------------------------------------
     @property

@@ -354,6 +354,44 @@ def partitions_list(set_name: str | None, database_url: str | None) -> None:
 
 
 @cli.group()
+def effects() -> None:
+    """The effect ledger: entries in doubt, and an operator's verdict on them."""
+
+
+@effects.command("in-doubt")
+@click.option("--scope", default=None, help="Only this scope (e.g. push:7).")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
+@database_option
+def effects_in_doubt(scope: str | None, limit: int, database_url: str | None) -> None:
+    """Effects whose holder died (or stalled) mid-effect: at most once, nobody redoes
+    them; check the provider, then resolve each with `justonce effects resolve`."""
+    rows = App(database_url).effects.in_doubt(scope, limit)
+    table = Table("scope", "key", "policy", "owner", "attempts", "lease expired", "last error")
+    for e in rows:
+        table.add_row(e.scope, e.key, e.policy, e.owner or "", str(e.attempts),
+                      e.lease_expires_at.isoformat(timespec="seconds") if e.lease_expires_at else "",
+                      (e.last_error or "")[:40])
+    out.print(table if rows else "no effects in doubt")
+
+
+@effects.command("resolve")
+@click.argument("scope")
+@click.argument("key")
+@click.option("--done", "verdict", flag_value="done", help="It happened: never redo it.")
+@click.option("--redo", "verdict", flag_value="redo", help="It did not happen: claimable again.")
+@click.option("--note", default=None, help="Why (kept as the entry's last error).")
+@click.option("--force", is_flag=True, help="Also resolve an entry whose lease is still live.")
+@database_option
+def effects_resolve(scope: str, key: str, verdict: str | None, note: str | None, force: bool,
+                    database_url: str | None) -> None:
+    """Resolve an effect in doubt: --done or --redo."""
+    if verdict is None:
+        raise click.UsageError("say --done or --redo")
+    e = App(database_url).effects.resolve(scope, key, done=verdict == "done", note=note, force=force)
+    out.print(f"effect {e.scope}:{e.key} {e.state}")
+
+
+@cli.group()
 def demo() -> None:
     """Runnable demonstrations on real worker processes."""
 

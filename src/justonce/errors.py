@@ -18,6 +18,11 @@ class DatabaseUnavailable(JustonceError):
     """The database cannot be reached (down, refused, timed out). Nothing was written."""
 
 
+class LockTimeout(DatabaseUnavailable):
+    """A row lock (an effect's ledger entry, your row under ``lock_row``) was not granted
+    within its timeout: another transaction holds it. Nothing was written; try again."""
+
+
 class SchemaError(JustonceError):
     """The database schema is missing or newer than this version of justonce."""
 
@@ -79,6 +84,10 @@ class KeyConflict(InvalidTransition):
 
 class PartitionSetNotFound(JustonceError, LookupError):
     """No partition set of that name (no process ever acquired a slot of it)."""
+
+
+class EffectNotFound(JustonceError, LookupError):
+    """No effect-ledger entry for that (scope, key)."""
 
 
 class LeaseLost(JustonceError):

@@ -229,3 +229,23 @@ class SlotInfo:
     expires_at: datetime | None
     held: bool
     """An owner whose lease has not expired by the database's clock."""
+
+
+@dataclass(frozen=True, slots=True)
+class EffectInfo:
+    """One entry of the effect ledger. ``state``: pending (claimable), running (claimed,
+    lease live), in_doubt (claimed, lease expired: the holder died or is late), done."""
+
+    scope: str
+    key: str
+    state: str
+    policy: str
+    token: int
+    owner: str | None
+    attempts: int
+    lease_expires_at: datetime | None
+    last_error: str | None
+    result: JSON
+    created_at: datetime
+    updated_at: datetime
+    done_at: datetime | None

@@ -33,19 +33,18 @@ TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}$")
 
 
 def queue_name(value: Any) -> str:
-    if not isinstance(value, str) or not QUEUE_NAME.match(value):
-        raise InvalidName(
-            f"bad queue name {value!r}: 1-63 characters of letters, digits, '_', '.', ':' "
-            "or '-', starting with a letter or digit"
-        )
-    return value
+    return _name(value, QUEUE_NAME, "queue name")
 
 
 def set_name(value: Any) -> str:
-    if not isinstance(value, str) or not SET_NAME.match(value):
+    return _name(value, SET_NAME, "partition set name")
+
+
+def _name(value: Any, pattern: re.Pattern[str], what: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
         raise InvalidName(
-            f"bad partition set name {value!r}: 1-63 characters of letters, digits, '_', '.', "
-            "':' or '-', starting with a letter or digit"
+            f"bad {what} {value!r}: 1-63 characters of letters, digits, '_', '.', ':' "
+            "or '-', starting with a letter or digit"
         )
     return value
 

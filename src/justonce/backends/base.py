@@ -22,6 +22,7 @@ from ..models import (
     BatchPruneReport,
     ClaimedJob,
     Completion,
+    EffectInfo,
     Failure,
     HousekeepingReport,
     ItemFailure,
@@ -214,6 +215,34 @@ class Backend(Protocol):
         slot, and no takeover can commit before that transaction ends."""
 
     def lease_list(self, set_name: str | None) -> list[SlotInfo]: ...
+
+    # -- the effect ledger (effectstore.py) ----------------------------------------------
+    def effect_claim(self, scope: str, key: str, policy: str, owner: str, lease: float,
+                     lock_timeout: float, conn: Any = None) -> tuple[str, int | None]:
+        """Check state, change state, under the entry's row lock (LockTimeout after
+        ``lock_timeout``): (what was found, the claim's token or None when the effect must
+        not be done now)."""
+
+    def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
+                    conn: Any = None) -> bool:
+        """running → done, fenced by the claim's token."""
+
+    def effect_release(self, scope: str, key: str, token: int, error: str,
+                       conn: Any = None) -> bool:
+        """running → pending (claimable again), fenced by the claim's token."""
+
+    def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
+                       force: bool) -> bool:
+        """An entry in doubt (or, with ``force``, running) → ``state`` (done / pending)."""
+
+    def effect_get(self, scope: str, key: str) -> EffectInfo | None: ...
+
+    def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]: ...
+
+    def effects_count(self, scope: str) -> dict[str, int]: ...
+
+    def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
+        """Lock the caller's row in its transaction on ``conn``; False: no such row."""
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
         """A waiter for idle workers. ``listen=False``: poll only (e.g. behind PgBouncer in

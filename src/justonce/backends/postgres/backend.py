@@ -23,6 +23,7 @@ from ...errors import (
     DatabaseUnavailable,
     InvalidOption,
     KeyConflict,
+    LockTimeout,
     SchemaError,
 )
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
@@ -36,7 +37,7 @@ from ..base import (
     migration_files,
 )
 from ..batchstore import Flip, Key
-from ..leasestore import LeaseStore
+from ..effectstore import EffectStore
 
 try:
     import psycopg
@@ -76,7 +77,7 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     return conninfo, schema, ours
 
 
-class PostgresBackend(LeaseStore):
+class PostgresBackend(EffectStore):
     name = "postgres"
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
@@ -128,6 +129,8 @@ class PostgresBackend(LeaseStore):
                 yield conn
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no PostgreSQL connection available: {exc}") from exc
+        except psycopg.errors.LockNotAvailable as exc:  # lock_timeout: the connection is fine
+            raise LockTimeout(f"PostgreSQL: {str(exc).strip()}") from exc
         except psycopg.OperationalError as exc:
             # The pool throws broken connections away on return; the next call reconnects.
             raise DatabaseUnavailable(f"PostgreSQL: {str(exc).strip()}") from exc
@@ -502,6 +505,49 @@ class PostgresBackend(LeaseStore):
 
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._fetch(name, params)
+
+    def _b_locked_tx(self, conn: Any, lock_timeout: float,
+                     fn: Callable[[psycopg.Connection], T]) -> T:
+        ms = f"{max(1, int(lock_timeout * 1000))}ms"
+
+        def bounded(c: psycopg.Connection) -> T:
+            old = c.execute("SELECT set_config('lock_timeout', %s, true), "
+                            "current_setting('lock_timeout')", (ms,)).fetchone()
+            result = fn(c)
+            # A transaction-local setting would outlive the savepoint in the caller's
+            # transaction: put the caller's back.
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (old[1] if old else "0",))
+            return result
+
+        try:
+            return self._b_tx(conn, bounded)
+        except psycopg.errors.LockNotAvailable as exc:
+            raise LockTimeout(f"a ledger entry stayed locked for {lock_timeout:g}s") from exc
+
+    def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
+        c = self._b_fence_connection(conn)
+        query = sql.SQL("SELECT 1 FROM {} WHERE {} = %s FOR UPDATE").format(
+            sql.Identifier(*table.split(".")), sql.Identifier(column))
+        ms = f"{max(1, int(timeout * 1000))}ms"
+        c.execute("SAVEPOINT justonce_lock")
+        try:
+            old = c.execute("SELECT current_setting('lock_timeout')").fetchone()
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (ms,))
+            found = c.execute(query, (value,)).fetchone() is not None
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (old[0] if old else "0",))
+        except psycopg.errors.LockNotAvailable as exc:
+            c.execute("ROLLBACK TO SAVEPOINT justonce_lock")
+            c.execute("RELEASE SAVEPOINT justonce_lock")
+            raise LockTimeout(f"row {table}.{column} = {value!r} stayed locked for {timeout:g}s") from exc
+        except BaseException:
+            c.execute("ROLLBACK TO SAVEPOINT justonce_lock")
+            c.execute("RELEASE SAVEPOINT justonce_lock")
+            raise
+        c.execute("RELEASE SAVEPOINT justonce_lock")  # the row lock stays with the transaction
+        return found
+
+    def _b_json(self, value: Any) -> Any:
+        return value
 
     def _b_fence_connection(self, conn: Any) -> psycopg.Connection:
         c = self._caller_connection(conn)

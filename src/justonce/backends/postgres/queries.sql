@@ -101,40 +101,41 @@ SELECT * FROM justonce_jobs
  ORDER BY id DESC
  LIMIT %(limit)s
 
+-- name: claim_lease
+-- (A fragment of the claims below: lease the picked jobs.)
+UPDATE justonce_jobs j
+   SET state = 'running',
+       attempts = j.attempts + 1,
+       lease_token = j.lease_token + 1,
+       lease_owner = %(owner)s,
+       lease_expires_at = now() + %(lease)s::float8 * interval '1 second',
+       started_at = now()
+
+-- name: claim_returning
+RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
+          j.timeout, j.lease_token, j.priority, j.batch_item
+
 -- name: job_claim
 -- Lock up to %(limit)s ready jobs of ONE queue in (priority, id) order, skipping rows
 -- another worker is claiming right now, and lease them. One queue per statement so the
 -- planner can walk justonce_jobs_claim in order instead of sorting the queue. The picked
 -- ids are handed over as an array, so the update is a primary-key lookup in every plan
 -- (a join with the CTE can turn into a hash join over the whole table in a generic plan).
-UPDATE justonce_jobs j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       lease_token = j.lease_token + 1,
-       lease_owner = %(owner)s,
-       lease_expires_at = now() + %(lease)s::float8 * interval '1 second',
-       started_at = now()
+{{claim_lease}}
  WHERE j.id = ANY(ARRAY(
            SELECT id FROM justonce_jobs
             WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
             ORDER BY priority, id
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
-RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
-          j.timeout, j.lease_token, j.priority, j.batch_item
+{{claim_returning}}
 
 -- name: job_claim_partitioned
 -- The claim of a worker holding slots %(slots)s of %(n)s: ready jobs whose partition_hash
 -- falls in those slots, oldest first, and only the first live job of each key (a job waits
 -- while an earlier job of its key is scheduled, ready or running): one job per key at a
 -- time, in enqueue order, retries included.
-UPDATE justonce_jobs j
-   SET state = 'running',
-       attempts = j.attempts + 1,
-       lease_token = j.lease_token + 1,
-       lease_owner = %(owner)s,
-       lease_expires_at = now() + %(lease)s::float8 * interval '1 second',
-       started_at = now()
+{{claim_lease}}
  WHERE j.id = ANY(ARRAY(
            SELECT c.id FROM justonce_jobs c
             WHERE c.state = 'ready' AND c.queue = %(queue)s AND c.partition_hash IS NOT NULL
@@ -146,8 +147,7 @@ UPDATE justonce_jobs j
             ORDER BY c.id
             LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED))
-RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
-          j.timeout, j.lease_token, j.priority, j.batch_item
+{{claim_returning}}
 
 -- name: job_complete_many
 -- The completion of a partitioned job may make the next job of its key claimable: wake the
@@ -524,3 +524,66 @@ SELECT l.set_name, s.n, l.slot, l.owner, l.token, l.expires_at,
   JOIN justonce_partition_sets s ON s.set_name = l.set_name
  WHERE (%(set)s::text IS NULL OR l.set_name = %(set)s) AND l.slot < s.n
  ORDER BY l.set_name, l.slot
+
+-- Effects ("just once"). Claims run in a transaction with a lock timeout.
+
+-- name: effect_ensure
+INSERT INTO justonce_effects (scope, key, state, policy)
+VALUES (%(scope)s, %(key)s, 'pending', %(policy)s)
+ON CONFLICT (scope, key) DO NOTHING
+
+-- name: effect_lock
+-- "Check state": the entry's row lock, held until the claim's transaction ends.
+SELECT state, policy, token, (lease_expires_at <= now()) AS expired
+  FROM justonce_effects WHERE scope = %(scope)s AND key = %(key)s
+   FOR UPDATE
+
+-- name: effect_take
+-- "Change state": this caller's claim, with a new token.
+UPDATE justonce_effects
+   SET state = 'running', token = token + 1, owner = %(owner)s, attempts = attempts + 1,
+       lease_expires_at = now() + %(lease)s::float8 * interval '1 second', updated_at = now()
+ WHERE scope = %(scope)s AND key = %(key)s
+RETURNING token
+
+-- name: effect_done
+UPDATE justonce_effects
+   SET state = 'done', done_at = now(), updated_at = now(), lease_expires_at = NULL,
+       result = %(result)s::jsonb
+ WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s AND state = 'running'
+RETURNING 1
+
+-- name: effect_release
+UPDATE justonce_effects
+   SET state = 'pending', updated_at = now(), lease_expires_at = NULL, last_error = %(error)s
+ WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s AND state = 'running'
+RETURNING 1
+
+-- name: effect_resolve
+-- An operator's verdict on an entry in doubt: done, or pending (to be redone).
+UPDATE justonce_effects
+   SET state = %(state)s, updated_at = now(), lease_expires_at = NULL,
+       done_at = CASE WHEN %(state)s = 'done' THEN now() END,
+       last_error = COALESCE(%(note)s, last_error)
+ WHERE scope = %(scope)s AND key = %(key)s AND state = 'running'
+   AND (%(force)s OR lease_expires_at <= now())
+RETURNING 1
+
+-- name: effect_get
+SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
+       result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= now())
+  FROM justonce_effects WHERE scope = %(scope)s AND key = %(key)s
+
+-- name: effects_in_doubt
+SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
+       result, created_at, updated_at, done_at, true
+  FROM justonce_effects
+ WHERE state = 'running' AND lease_expires_at <= now()
+   AND (%(scope)s::text IS NULL OR scope = %(scope)s)
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
+
+-- name: effects_count
+SELECT state, (state = 'running' AND lease_expires_at <= now()), count(*)
+  FROM justonce_effects WHERE scope = %(scope)s
+ GROUP BY 1, 2

@@ -13,7 +13,8 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from ...errors import (
     DatabaseUnavailable,
     InvalidOption,
     KeyConflict,
+    LockTimeout,
     SchemaError,
 )
 from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
@@ -38,7 +40,7 @@ from ..base import (
     migration_files,
 )
 from ..batchstore import Flip, Key
-from ..leasestore import LeaseStore
+from ..effectstore import EffectStore
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -95,7 +97,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend(LeaseStore):
+class SQLiteBackend(EffectStore):
     name = "sqlite"
 
     def __init__(self, url: str) -> None:
@@ -155,7 +157,8 @@ class SQLiteBackend(LeaseStore):
             self.migrate()  # the embedded database migrates itself on first use
         self._schema_ok = True
 
-    def _write(self, fn: Callable[[sqlite3.Connection], T], *, schema: bool = True) -> T:
+    def _write(self, fn: Callable[[sqlite3.Connection], T], *, schema: bool = True,
+               timeout: float | None = None) -> T:
         """Run ``fn`` in one BEGIN IMMEDIATE transaction.
 
         SQLite's own busy handler is unfair: a waiter backs off to 100 ms sleeps while
@@ -166,7 +169,8 @@ class SQLiteBackend(LeaseStore):
         if schema:
             self._ensure_schema()
         conn = self._conn()
-        self._busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
+        self._busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), "SQLite write lock not available",
+                         timeout)
         try:
             result = fn(conn)
         except sqlite3.OperationalError as exc:  # disk full, I/O error, lock trouble
@@ -187,16 +191,19 @@ class SQLiteBackend(LeaseStore):
         return self._busy_retry(lambda: self._conn().execute(sql, params).fetchall(),
                                 "SQLite read failed")
 
-    def _busy_retry(self, op: Callable[[], T], what: str) -> T:
+    def _busy_retry(self, op: Callable[[], T], what: str, timeout: float | None = None) -> T:
         """Retry ``op`` while SQLite says busy, with short random sleeps, until
         ``busy_timeout`` has passed (see _write for why not SQLite's own handler)."""
-        deadline = time.monotonic() + self.busy_timeout
+        start = time.monotonic()
+        deadline = start + (self.busy_timeout if timeout is None else timeout)
         while True:
             try:
                 return op()
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() > deadline:
+                if not _is_busy(exc):
                     raise DatabaseUnavailable(f"{what}: {exc}") from exc
+                if time.monotonic() > deadline:
+                    raise LockTimeout(f"{what}: {exc} (waited {deadline - start:g}s)") from exc
                 time.sleep(random.uniform(0.00005, 0.0005))
 
     # -- schema -----------------------------------------------------------------------
@@ -456,9 +463,10 @@ class SQLiteBackend(LeaseStore):
         return self._write(lambda c: c.execute(Q["jobs_prune"], params).rowcount)
 
     # -- the primitives of the shared batch algorithm (BatchStore) -----------------------
-    def _b_tx(self, conn: Any, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _b_tx(self, conn: Any, fn: Callable[[sqlite3.Connection], T],
+              timeout: float | None = None) -> T:
         if conn is None:
-            return self._write(fn)
+            return self._write(fn, timeout=timeout)
         c = self._caller_connection(conn)
         # Inside the caller's transaction (opened here if the connection has none, as
         # sqlite3 itself would before a write), under a savepoint so that a refused call
@@ -468,7 +476,7 @@ class SQLiteBackend(LeaseStore):
         own = not c.in_transaction and (
             c.isolation_level is None or getattr(c, "autocommit", None) is True)
         if not c.in_transaction:
-            self._busy_retry(lambda: c.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
+            self._caller_begin(c, timeout)
         c.execute("SAVEPOINT justonce")
         try:
             result = fn(c)
@@ -519,6 +527,32 @@ class SQLiteBackend(LeaseStore):
 
     def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._read(Q[name], params)
+
+    def _b_locked_tx(self, conn: Any, lock_timeout: float,
+                     fn: Callable[[sqlite3.Connection], T]) -> T:
+        # The write lock is the row lock: wait for it at most lock_timeout.
+        return self._b_tx(conn, fn, timeout=lock_timeout)
+
+    def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
+        c = self._caller_connection(conn)
+        if not c.in_transaction:
+            # Opened here and left open: the lock lasts until the caller commits.
+            self._caller_begin(c, timeout)
+        # SQLite locks the whole database for a writer: a no-op UPDATE takes that lock
+        # (upgrading a read transaction) and says whether the row exists.
+        t, col = _quoted(table), _quoted(column)
+        with _busy_wait(c, 0):
+            cur = self._busy_retry(
+                lambda: c.execute(f"UPDATE {t} SET {col} = {col} WHERE {col} = ?", (value,)),
+                f"lock on {table}", timeout)
+        return cur.rowcount > 0
+
+    def _caller_begin(self, c: sqlite3.Connection, timeout: float | None) -> None:
+        """BEGIN IMMEDIATE on the caller's connection, waiting at most ``timeout`` (the
+        connection's own busy timeout is set aside meanwhile: ours decides)."""
+        with _busy_wait(c, 0):
+            self._busy_retry(lambda: c.execute("BEGIN IMMEDIATE"), "SQLite write lock not available",
+                             timeout)
 
     def _b_fence_connection(self, conn: Any) -> sqlite3.Connection:
         c = self._caller_connection(conn)
@@ -606,6 +640,22 @@ def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
                    r["timeout"], r["lease_token"], r["batch_item"])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
+
+
+@contextmanager
+def _busy_wait(c: sqlite3.Connection, ms: int) -> Iterator[None]:
+    """Set the connection's own busy timeout for a while (then put it back)."""
+    old = c.execute("PRAGMA busy_timeout").fetchone()[0]
+    c.execute(f"PRAGMA busy_timeout = {int(ms)}")
+    try:
+        yield
+    finally:
+        c.execute(f"PRAGMA busy_timeout = {int(old)}")
+
+
+def _quoted(identifier: str) -> str:
+    """A validated identifier (validate.sql_identifier), quoted part by part."""
+    return ".".join(f'"{part}"' for part in identifier.split("."))
 
 
 def _row_dict(cur: Any, row: Any) -> dict[str, Any]:

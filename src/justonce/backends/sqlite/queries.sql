@@ -56,7 +56,8 @@ SELECT * FROM justonce_jobs
  ORDER BY id DESC
  LIMIT :limit
 
--- name: job_claim
+-- name: claim_lease
+-- (A fragment of the claims below: lease the picked jobs.)
 UPDATE justonce_jobs
    SET state = 'running',
        attempts = attempts + 1,
@@ -64,21 +65,21 @@ UPDATE justonce_jobs
        lease_owner = :owner,
        lease_expires_at = NOW() + :lease,
        started_at = NOW()
+
+-- name: claim_returning
+RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item
+
+-- name: job_claim
+{{claim_lease}}
  WHERE id IN (SELECT id FROM justonce_jobs
                WHERE state = 'ready' AND queue = :queue AND partition_hash IS NULL
                ORDER BY priority, id
                LIMIT :limit)
-RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item
+{{claim_returning}}
 
 -- name: job_claim_partitioned
 -- A worker holding slots :slots (a JSON array) of :n: see the PostgreSQL twin for the rule.
-UPDATE justonce_jobs
-   SET state = 'running',
-       attempts = attempts + 1,
-       lease_token = lease_token + 1,
-       lease_owner = :owner,
-       lease_expires_at = NOW() + :lease,
-       started_at = NOW()
+{{claim_lease}}
  WHERE id IN (SELECT c.id FROM justonce_jobs c
                WHERE c.state = 'ready' AND c.queue = :queue AND c.partition_hash IS NOT NULL
                  AND (((c.partition_hash % :n) + :n) % :n) IN (SELECT value FROM json_each(:slots))
@@ -88,7 +89,7 @@ UPDATE justonce_jobs
                                     AND e.state IN ('scheduled','ready','running'))
                ORDER BY c.id
                LIMIT :limit)
-RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item
+{{claim_returning}}
 
 -- name: job_any_ready
 SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue AND partition_hash IS NULL
@@ -375,6 +376,65 @@ SELECT l.set_name, s.n, l.slot, l.owner, l.token, l.expires_at,
   JOIN justonce_partition_sets s ON s.set_name = l.set_name
  WHERE (:set IS NULL OR l.set_name = :set) AND l.slot < s.n
  ORDER BY l.set_name, l.slot
+
+-- Effects ("just once"). Claims run in BEGIN IMMEDIATE, whose write lock is the row lock.
+
+-- name: effect_ensure
+INSERT INTO justonce_effects (scope, key, state, policy, created_at, updated_at)
+VALUES (:scope, :key, 'pending', :policy, NOW(), NOW())
+ON CONFLICT (scope, key) DO NOTHING
+
+-- name: effect_lock
+SELECT state, policy, token, (lease_expires_at <= NOW()) AS expired
+  FROM justonce_effects WHERE scope = :scope AND key = :key
+
+-- name: effect_take
+UPDATE justonce_effects
+   SET state = 'running', token = token + 1, owner = :owner, attempts = attempts + 1,
+       lease_expires_at = NOW() + :lease, updated_at = NOW()
+ WHERE scope = :scope AND key = :key
+RETURNING token
+
+-- name: effect_done
+UPDATE justonce_effects
+   SET state = 'done', done_at = NOW(), updated_at = NOW(), lease_expires_at = NULL,
+       result = :result
+ WHERE scope = :scope AND key = :key AND token = :token AND state = 'running'
+RETURNING 1
+
+-- name: effect_release
+UPDATE justonce_effects
+   SET state = 'pending', updated_at = NOW(), lease_expires_at = NULL, last_error = :error
+ WHERE scope = :scope AND key = :key AND token = :token AND state = 'running'
+RETURNING 1
+
+-- name: effect_resolve
+UPDATE justonce_effects
+   SET state = :state, updated_at = NOW(), lease_expires_at = NULL,
+       done_at = CASE WHEN :state = 'done' THEN NOW() END,
+       last_error = COALESCE(:note, last_error)
+ WHERE scope = :scope AND key = :key AND state = 'running'
+   AND (:force OR lease_expires_at <= NOW())
+RETURNING 1
+
+-- name: effect_get
+SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
+       result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= NOW())
+  FROM justonce_effects WHERE scope = :scope AND key = :key
+
+-- name: effects_in_doubt
+SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
+       result, created_at, updated_at, done_at, 1
+  FROM justonce_effects
+ WHERE state = 'running' AND lease_expires_at <= NOW()
+   AND (:scope IS NULL OR scope = :scope)
+ ORDER BY lease_expires_at
+ LIMIT :limit
+
+-- name: effects_count
+SELECT state, (state = 'running' AND lease_expires_at <= NOW()), count(*)
+  FROM justonce_effects WHERE scope = :scope
+ GROUP BY 1, 2
 
 -- name: db_now
 SELECT NOW()

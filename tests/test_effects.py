@@ -1,0 +1,253 @@
+"""The effect ledger, against every backend: once per (scope, key), release on failure,
+in doubt after a crash (at most once) or redone (at least once), operator resolution,
+lock timeouts, the caller's transaction, and bad input. 16-process races and kill -9 are
+in the slow tests at the end."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import proc_app
+from fleet import proc_app_on, wait_for
+from justonce import (
+    AT_LEAST_ONCE,
+    App,
+    EffectNotFound,
+    InvalidName,
+    InvalidOption,
+    InvalidTransition,
+    LockTimeout,
+)
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[App]:
+    with proc_app_on(db_url) as a:
+        proc_app.create_effect_log(db_url)
+        yield a
+
+
+def test_an_effect_runs_once_and_a_second_run_says_done(app: App) -> None:
+    calls: list[str] = []
+    first = app.effects.run("push:7", 42, lambda idem: calls.append(idem) or {"id": "m1"})
+    again = app.effects.run("push:7", 42, lambda idem: calls.append(idem))
+    assert (first.ran, first.state, first.result) == (True, "done", {"id": "m1"})
+    assert (again.ran, again.state) == (False, "done")
+    assert calls == ["push:7:42"]
+    other = app.effects.run("push:8", 42, lambda idem: calls.append(idem))
+    assert other.ran and calls == ["push:7:42", "push:8:42"]
+    info = app.effects.get("push:7", 42)
+    assert (info.state, info.attempts, info.result) == ("done", 1, {"id": "m1"})
+
+
+def test_a_failed_effect_is_claimable_again(app: App) -> None:
+    with pytest.raises(ConnectionError):
+        app.effects.run("mail", "ada", lambda idem: (_ for _ in ()).throw(ConnectionError("smtp down")))
+    info = app.effects.get("mail", "ada")
+    assert info.state == "pending" and "smtp down" in (info.last_error or "")
+    assert app.effects.run("mail", "ada", lambda idem: "sent").ran
+    assert app.effects.get("mail", "ada").attempts == 2
+
+
+def test_a_claim_whose_holder_died_is_in_doubt_under_at_most_once(app: App) -> None:
+    claim = app.effects.claim("push:1", 5, lease=0.1)  # and then this "process" dies
+    assert claim.claimed
+    busy = app.effects.run("push:1", 5, lambda idem: "again")
+    assert (busy.ran, busy.state) == (False, "running")
+    time.sleep(0.2)
+    doubt = app.effects.run("push:1", 5, lambda idem: "again")
+    assert (doubt.ran, doubt.state) == (False, "in_doubt")
+    assert [(e.scope, e.key, e.state) for e in app.effects.in_doubt()] == [("push:1", "5", "in_doubt")]
+    assert app.effects.counts("push:1") == {"in_doubt": 1}
+    resolved = app.effects.resolve("push:1", 5, done=True, note="the provider's log shows it sent")
+    assert resolved.state == "done" and app.effects.in_doubt() == []
+    with pytest.raises(InvalidTransition):
+        app.effects.resolve("push:1", 5, done=False)
+
+
+def test_an_operator_can_send_an_in_doubt_effect_back_to_be_redone(app: App) -> None:
+    app.effects.claim("push:1", 6, lease=0.05)
+    time.sleep(0.1)
+    app.effects.resolve("push:1", 6, done=False)
+    assert app.effects.run("push:1", 6, lambda idem: "redone").ran
+
+
+def test_at_least_once_redoes_an_expired_claim_and_fences_the_late_holder(app: App) -> None:
+    late = app.effects.claim("charge", 9, lease=0.1, policy=AT_LEAST_ONCE)
+    time.sleep(0.2)
+    redo = app.effects.run("charge", 9, lambda idem: "redone", policy=AT_LEAST_ONCE)
+    assert redo.ran
+    assert late.done("late") is False  # its token is no longer the entry's
+    info = app.effects.get("charge", 9)
+    assert (info.state, info.result, info.attempts, info.token) == ("done", "redone", 2, 2)
+
+
+def test_a_held_entry_makes_other_claims_wait_then_time_out(app: App, db_url: str) -> None:
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        with proc_app._Tx(conn) as c:
+            claim = app.effects.claim("push:3", 1, conn=c)  # its row lock lasts until commit
+            assert claim.claimed
+            started = time.monotonic()
+            with pytest.raises(LockTimeout):
+                app.effects.run("push:3", 1, lambda idem: "twice?", lock_timeout=0.3)
+            assert time.monotonic() - started >= 0.25
+            claim.done("once")
+        assert app.effects.run("push:3", 1, lambda idem: "twice?").state == "done"
+    finally:
+        conn.close()
+
+
+def test_an_effect_on_the_callers_connection_commits_or_rolls_back_with_it(app: App, db_url: str) -> None:
+    conn = proc_app.ledger_connect(db_url)
+    sql = proc_app._sql(conn, "INSERT INTO effect_log (k, pid, event) VALUES (?, 0, 'credit')")
+    try:
+        with pytest.raises(RuntimeError), proc_app._Tx(conn) as c:
+            app.effects.run("credit", 1, lambda idem: c.execute(sql, (idem,)) and None, conn=c)
+            raise RuntimeError("the caller's own work failed after the effect")
+        assert proc_app.effect_rows(db_url) == []
+        with pytest.raises(EffectNotFound):
+            app.effects.get("credit", 1)
+        with proc_app._Tx(conn) as c:
+            assert app.effects.run("credit", 1, lambda idem: c.execute(sql, (idem,)) and None, conn=c).ran
+        assert proc_app.effect_rows(db_url) == [("credit:1", 0, "credit")]
+        assert app.effects.run("credit", 1, lambda idem: None).state == "done"
+    finally:
+        conn.close()
+
+
+def test_lock_row_locks_the_callers_row_with_a_timeout(app: App, db_url: str) -> None:
+    setup = proc_app.ledger_connect(db_url)
+    setup.execute("CREATE TABLE orders (id integer PRIMARY KEY, total integer)")
+    setup.execute("INSERT INTO orders VALUES (1, 10)")
+    holder, other = proc_app.ledger_connect(db_url), proc_app.ledger_connect(db_url)
+    try:
+        if not db_url.startswith("sqlite"):  # (SQLite opens the transaction itself)
+            with pytest.raises(InvalidOption, match="transaction"):
+                app.effects.lock_row(holder, "orders", "id", 1)  # a lock outside one holds nothing
+        with proc_app._Tx(holder) as h:
+            assert app.effects.lock_row(h, "orders", "id", 1)
+            assert not app.effects.lock_row(h, "orders", "id", 2)
+            if db_url.startswith("sqlite"):
+                with pytest.raises(LockTimeout):
+                    app.effects.lock_row(other, "orders", "id", 1, timeout=0.2)
+            else:
+                with pytest.raises(LockTimeout), other.transaction():
+                    app.effects.lock_row(other, "orders", "id", 1, timeout=0.2)
+        with proc_app._Tx(other) as o:
+            assert app.effects.lock_row(o, "orders", "id", 1, timeout=0.2)
+        for bad in (("orders; drop", "id"), ("orders", "id = 1 --")):
+            with pytest.raises(InvalidName):
+                app.effects.lock_row(other, bad[0], bad[1], 1)
+    finally:
+        for c in (holder, other, setup):
+            c.close()
+
+
+@pytest.mark.parametrize("call", [
+    lambda app: app.effects.run("", 1, lambda i: None),
+    lambda app: app.effects.run(None, 1, lambda i: None),
+    lambda app: app.effects.run("s" * 201, 1, lambda i: None),
+    lambda app: app.effects.run("s", None, lambda i: None),
+    lambda app: app.effects.run("s", "", lambda i: None),
+    lambda app: app.effects.run("s", 1.5, lambda i: None),
+    lambda app: app.effects.run("s", 1, "not callable"),
+    lambda app: app.effects.run("s", 1, lambda i: None, policy="exactly_once"),
+    lambda app: app.effects.run("s", 1, lambda i: None, lease=0),
+    lambda app: app.effects.run("s", 1, lambda i: None, lock_timeout=0),
+    lambda app: app.effects.in_doubt(limit=0),
+    lambda app: app.effects.resolve("s", 1, done=True, note=7),
+])
+def test_bad_effect_input_is_refused_before_anything_is_written(app: App, call: Any) -> None:
+    with pytest.raises((InvalidOption, InvalidName)):
+        call(app)
+    assert app.effects.in_doubt() == [] and proc_app.effect_rows(app.database_url) == []
+
+
+def test_unknown_effects_are_reported(app: App) -> None:
+    with pytest.raises(EffectNotFound):
+        app.effects.get("nope", 1)
+    with pytest.raises(EffectNotFound):
+        app.effects.resolve("nope", 1, done=True)
+
+
+# -- real processes ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_16_processes_racing_for_the_same_1000_effects_do_each_once(app: App, db_url: str) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    keys = list(range(1000))
+    procs = [ctx.Process(target=proc_app.race_effects, args=(db_url, "race", keys, start, results))
+             for _ in range(16)]
+    for p in procs:
+        p.start()
+    try:
+        time.sleep(1.0)
+        start.set()
+        ran = [results.get(timeout=300) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    sent = Counter(k for k, _, _ in proc_app.effect_rows(db_url))
+    assert len(sent) == 1000 and set(sent.values()) == {1}
+    assert sum(n for _, n in ran) == 1000
+    assert sum(1 for _, n in ran if n) > 1  # the work was shared
+    assert app.effects.counts("race") == {"done": 1000}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["at_most_once", "at_least_once"])
+def test_kill_9_mid_effect_leaves_it_in_doubt_or_it_is_redone_exactly_once(
+    app: App, db_url: str, policy: str
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    victim = ctx.Process(target=proc_app.hang_in_effect, args=(db_url, "kill", 1, policy, 1.0))
+    victim.start()
+    try:
+        wait_for(lambda: proc_app.effect_rows(db_url), 60, "the effect to start")
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(10)
+    finally:
+        if victim.is_alive():
+            victim.kill()
+    time.sleep(1.2)  # the dead holder's lease runs out
+    start, results = ctx.Event(), ctx.Queue()
+    racers = [ctx.Process(target=proc_app.race_effects, args=(db_url, "kill", [1], start, results))
+              for _ in range(4)] if policy == "at_most_once" else []
+    for p in racers:
+        p.start()
+    if racers:
+        start.set()
+        ran = [results.get(timeout=120)[1] for _ in racers]
+        for p in racers:
+            p.join(30)
+        assert ran == [0, 0, 0, 0]  # nobody redoes an effect in doubt
+        assert [(e.key, e.state) for e in app.effects.in_doubt("kill")] == [("1", "in_doubt")]
+        assert [e for _, _, e in proc_app.effect_rows(db_url)] == ["start"]
+        return
+    outcomes = []
+    import threading
+
+    def redo() -> None:
+        outcomes.append(app.effects.run("kill", 1, lambda idem: "redone", policy=policy, lock_timeout=30).ran)
+
+    threads = [threading.Thread(target=redo) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == [False, False, False, True]
+    info = app.effects.get("kill", 1)
+    assert (info.state, info.attempts, info.result) == ("done", 2, "redone")
