@@ -409,5 +409,27 @@ def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | Non
     sys.exit(0 if ok else 1)
 
 
+@demo.command("push")
+@click.option("--users", default=200_000, show_default=True, type=click.IntRange(1000, 10_000_000))
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes (one slot of MOD(user_id, N) each), plus one standby.")
+@click.option("--kill-one", is_flag=True, help="kill -9 a worker midway.")
+@click.option("--smtp", default=None, metavar="HOST:PORT",
+              help="Send to your SMTP server (a mail catcher) instead of the demo's own.")
+@click.option("--seed", default=7, show_default=True, type=int, help="Seed of the users and samples.")
+@database_option
+def demo_push(users: int, workers: int, kill_one: bool, smtp: str | None, seed: int,
+              database_url: str | None) -> None:
+    """Send a Push to a list with A/B and "rest" phases racing: at most one email per user."""
+    from .demo.push import run_push_demo
+
+    if smtp is not None:
+        host, sep, port = smtp.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise click.BadParameter("expected HOST:PORT", param_hint="--smtp")
+    ok = run_push_demo(database_url, users, workers, kill_one, smtp, seed, out)
+    sys.exit(0 if ok else 1)
+
+
 def main() -> None:
     cli(prog_name="justonce")

@@ -16,6 +16,7 @@ commit or roll back together: for an effect inside the same database, exactly on
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -157,6 +158,12 @@ class Effects:
                 f"effect {scope}:{key} is {info.state}: only entries in doubt can be resolved"
                 + (" (or pass force=True for a running one)" if info.state == "running" else ""))
         return self.get(scope, key)
+
+    def list(self, scope: str, state: str | None = None, limit: int = 1000) -> builtins.list[EffectInfo]:
+        """The entries of a scope (``state``: pending, running or done), by key."""
+        if state not in (None, "pending", "running", "done"):
+            raise InvalidOption(f"state must be pending, running or done, not {state!r}")
+        return self.app.backend.effects_list(_scope(scope), state, validate.count(limit, "limit", 10_000_000))
 
     def counts(self, scope: str) -> dict[str, int]:
         """How many entries of a scope are pending, running, in doubt and done."""

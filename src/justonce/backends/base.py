@@ -239,6 +239,9 @@ class Backend(Protocol):
 
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]: ...
 
+    def effects_list(self, scope: str, state: str | None, limit: int) -> list[EffectInfo]:
+        """Entries of a scope (state pending / running / done, or all), by key."""
+
     def effects_count(self, scope: str) -> dict[str, int]: ...
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:

@@ -69,6 +69,10 @@ class EffectStore(LeaseStore):
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]:
         return [self._effect(r) for r in self._b_read("effects_in_doubt", {"scope": scope, "limit": limit})]
 
+    def effects_list(self, scope: str, state: str | None, limit: int) -> list[EffectInfo]:
+        params = {"scope": scope, "state": state, "limit": limit}
+        return [self._effect(r) for r in self._b_read("effects_list", params)]
+
     def effects_count(self, scope: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for state, in_doubt, count in self._b_read("effects_count", {"scope": scope}):

@@ -583,6 +583,14 @@ SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last
  ORDER BY lease_expires_at
  LIMIT %(limit)s
 
+-- name: effects_list
+SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
+       result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= now())
+  FROM justonce_effects
+ WHERE scope = %(scope)s AND (%(state)s::text IS NULL OR state = %(state)s)
+ ORDER BY key
+ LIMIT %(limit)s
+
 -- name: effects_count
 SELECT state, (state = 'running' AND lease_expires_at <= now()), count(*)
   FROM justonce_effects WHERE scope = %(scope)s

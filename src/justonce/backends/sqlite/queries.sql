@@ -431,6 +431,14 @@ SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last
  ORDER BY lease_expires_at
  LIMIT :limit
 
+-- name: effects_list
+SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
+       result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= NOW())
+  FROM justonce_effects
+ WHERE scope = :scope AND (:state IS NULL OR state = :state)
+ ORDER BY key
+ LIMIT :limit
+
 -- name: effects_count
 SELECT state, (state = 'running' AND lease_expires_at <= NOW()), count(*)
   FROM justonce_effects WHERE scope = :scope
