@@ -35,9 +35,11 @@ def test_demo_push_with_a_killed_worker_sends_no_user_two_emails(db_url: str, tm
     ledger = int(report_value(out, "emails marked sent in the effect ledger").replace(",", ""))
     smtp = int(report_value(out, "messages the SMTP server received").replace(",", ""))
     listed = int(report_value(out, "users in the list (L)").replace(",", ""))
-    assert smtp == ledger and 0 < ledger <= listed
     never = int(report_value(out, "users of the list never reached"))
     in_doubt = int(report_value(out, "of them in doubt (a worker died mid-send)"))
+    # A message the server accepted just before the kill, whose done mark never came, is in
+    # doubt: the server may count it, the ledger does not.
+    assert ledger <= smtp <= ledger + in_doubt and 0 < ledger <= listed
     assert never == in_doubt  # only an at-most-once send cut short by the kill may be missing
     a, b = ab_split(out)
     assert 2000 - in_doubt <= a + b <= 2000 and a <= 1000 and b <= 1000

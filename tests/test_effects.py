@@ -152,6 +152,31 @@ def test_lock_row_locks_the_callers_row_with_a_timeout(app: App, db_url: str) ->
             c.close()
 
 
+def test_one_effect_has_one_policy(app: App) -> None:
+    app.effects.claim("charge", 1, lease=0.05)  # at most once, and its holder dies
+    time.sleep(0.1)
+    with pytest.raises(InvalidOption, match="at_most_once"):
+        app.effects.run("charge", 1, lambda idem: "charged twice", policy=AT_LEAST_ONCE)
+    assert app.effects.get("charge", 1).state == "in_doubt"
+
+
+def test_a_claim_on_the_callers_connection_leaves_its_lock_timeout_alone(app: App, db_url: str) -> None:
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        if db_url.startswith("sqlite"):  # SQLite's analogue: the connection's busy timeout
+            conn.execute("PRAGMA busy_timeout = 1234")
+            with proc_app._Tx(conn) as c:
+                assert app.effects.claim("t", 1, conn=c, lock_timeout=0.25).claimed
+            assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1234
+            return
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '123ms'")
+            assert app.effects.claim("t", 1, conn=conn, lock_timeout=0.25).claimed
+            assert conn.execute("SHOW lock_timeout").fetchone()[0] == "123ms"
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("call", [
     lambda app: app.effects.run("", 1, lambda i: None),
     lambda app: app.effects.run(None, 1, lambda i: None),

@@ -40,9 +40,11 @@ MAX_SCOPE = 200
 
 @dataclass(frozen=True, slots=True)
 class EffectOutcome:
-    """What ``run`` did. ``ran``: ``fn`` ran now and the entry is done. Otherwise
-    ``state`` says why not: "done" (before), "running" (another holder is at it now),
-    "in_doubt" (a holder died mid-effect, at-most-once: left for an operator)."""
+    """What ``run`` did. ``ran``: ``fn`` ran now; ``state`` "done" (and the entry is marked
+    done) or "overtaken" (at least once: ``fn`` outlived its lease and another claim redid
+    the effect, whose done mark stands). Otherwise ``state`` says why ``fn`` did not run:
+    "done" (before), "running" (another holder is at it now), "in_doubt" (a holder died
+    mid-effect, at most once: left for an operator)."""
 
     ran: bool
     state: str
@@ -129,7 +131,9 @@ class Effects:
                 log.exception("could not release an effect after its failure",
                               extra={"event": "effect.release_error"})
             raise
-        claim.done(result)
+        if not claim.done(result):
+            # At least once: the lease ran out while fn ran, and another claim redid it.
+            return EffectOutcome(True, "overtaken", claim.idempotency_key, result)
         return EffectOutcome(True, "done", claim.idempotency_key, result)
 
     def get(self, scope: str, key: Any) -> EffectInfo:

@@ -26,7 +26,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import validate
-from .errors import ConfigurationError, InvalidOption, LeaseLost, NoFreeSlot, PartitionSetNotFound
+from .errors import (
+    ConfigurationError,
+    InvalidOption,
+    LeaseLost,
+    LockTimeout,
+    NoFreeSlot,
+    PartitionSetNotFound,
+)
 from .models import SlotInfo
 from .tasks import Task
 
@@ -156,6 +163,7 @@ class PartitionLease:
         self.set_name, self.n, self.slot, self.token = set_name, n, slot, token
         self.owner, self.lease, self.expires_at = owner, lease, expires_at
         self.lost = False
+        self._valid_until = time.monotonic() + lease  # by this process's clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -167,18 +175,26 @@ class PartitionLease:
         """This slot's WHERE condition over ``column`` (see :func:`slot_predicate`)."""
         return self._partitions.predicate(column, self.n, self.slot, key_type=key_type, dialect=dialect)
 
+    @property
+    def alive(self) -> bool:
+        """Not lost, and renewed within the last ``lease`` seconds by this process's clock:
+        past that, another process may hold the slot even if no renewal said so yet."""
+        return not self.lost and time.monotonic() < self._valid_until
+
     def owns(self, key: Any) -> bool:
         return partition_of(key, self.n) == self.slot
 
     def renew(self) -> datetime:
         """Extend the lease by ``lease`` s from now. Raises :class:`LeaseLost` when another
         holder has the slot (and marks the lease lost)."""
+        started = time.monotonic()
         expires = self.backend.lease_renew(self.set_name, self.slot, self.token, self.lease)
         if expires is None:
             self.lost = True
             raise LeaseLost(f"slot {self.slot} of {self.set_name!r} was taken over: "
                             f"token {self.token} is no longer current")
         self.expires_at = expires
+        self._valid_until = started + self.lease
         return expires
 
     def release(self) -> None:
@@ -187,7 +203,16 @@ class PartitionLease:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         if not self.lost:
-            self.backend.lease_release(self.set_name, self.slot, self.token)
+            try:
+                self.backend.lease_release(self.set_name, self.slot, self.token)
+            except LockTimeout:
+                # The slot's row is held by a fenced transaction still open (maybe this
+                # process's own): leave the slot to expire instead of waiting for it.
+                log.warning("partition release skipped: the slot is held by an open fenced "
+                            "transaction; it frees up when its lease expires", extra={
+                                "event": "partition.release_skipped", "set": self.set_name,
+                                "slot": self.slot})
+            self.lost = True
 
     def fence(self, conn: Any) -> None:
         """Inside your open transaction on ``conn``: raise :class:`LeaseLost` unless this
@@ -259,12 +284,13 @@ class Partitions:
                 owner: str | None = None) -> PartitionLease:
         """Take a slot, waiting as a standby while every slot is held: the first slot whose
         holder releases it or lets its lease expire is taken (checked every ``poll`` s,
-        default ``lease / 3``). ``timeout``: give up with :class:`NoFreeSlot` after that
+        default a third of the lease, at most 1 s). ``timeout``: give up with :class:`NoFreeSlot` after that
         many seconds (None waits for ever, 0 tries once). Use it as a context manager to
         renew in the background and release on exit."""
         lease = validate.bounded(lease, "lease", 0.1, 86400)
         wait = None if timeout is None else validate.bounded(timeout, "timeout", 0, 10 * 365 * 86400)
         every = validate.bounded(poll, "poll", 0.01, 3600) if poll is not None else min(lease / 3, 1.0)
+        # (default: a third of the lease, at most 1 s)
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             got = self.try_acquire(set_name, n, lease=lease, owner=owner)

@@ -300,6 +300,10 @@ class BatchStore:
         transaction of its own."""
         raise NotImplementedError
 
+    def _b_locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:
+        """``_b_tx`` with lock waits bounded by ``lock_timeout`` (LockTimeout past it)."""
+        raise NotImplementedError
+
     def _b_rows(self, c: Any, name: str, params: dict[str, Any]) -> list[Any]:
         raise NotImplementedError
 

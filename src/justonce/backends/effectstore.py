@@ -11,9 +11,9 @@ connection); ``effect_done`` marks it done only if the token is still the claim'
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..errors import InvalidOption
 from ..models import EffectInfo
 from .leasestore import LeaseStore
 
@@ -35,7 +35,11 @@ class EffectStore(LeaseStore):
 
         def run(c: Any) -> tuple[str, int | None]:
             self._b_many(c, "effect_ensure", [params])
-            state, _policy, token, expired = self._b_rows(c, "effect_lock", params)[0]
+            state, stored, token, expired = self._b_rows(c, "effect_lock", params)[0]
+            if stored != policy:
+                raise InvalidOption(
+                    f"effect {scope}:{key} is {stored}, not {policy}: one effect has one policy "
+                    "(an at-most-once entry in doubt must never be redone by an at-least-once caller)")
             if state == "done":
                 return "done", None
             if state == "running" and not expired:
@@ -94,10 +98,6 @@ class EffectStore(LeaseStore):
     def _b_json(self, value: Any) -> Any:
         """A JSON column as Python (SQLite stores text; psycopg decodes jsonb itself)."""
         return json.loads(value) if isinstance(value, str) else value
-
-    def _b_locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:
-        """``_b_tx`` with lock waits bounded by ``lock_timeout`` (LockTimeout past it)."""
-        raise NotImplementedError
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         """Lock the caller's row ``table.column = value`` in its open transaction on

@@ -35,6 +35,7 @@ class LeaseStore(BatchStore):
                         f"held: n can become {n} only when no slot is held (stop its holders, "
                         "or wait for their leases to expire)"
                     )
+                self._b_rows(c, "lease_set_fence_all", params)
                 self._b_rows(c, "lease_set_resize", params)
             self._b_rows(c, "lease_slots_ensure", params)
             rows = self._b_rows(c, "lease_take", params)
@@ -45,14 +46,20 @@ class LeaseStore(BatchStore):
 
         return self._b_tx(None, run)
 
+    # Renew and release wait at most LOCK_WAIT for the slot's row: a holder that renews or
+    # releases while its own fenced transaction (on another connection) holds that row must
+    # get an error, not wait for itself for ever.
+    LOCK_WAIT = 2.0
+
     def lease_renew(self, set_name: str, slot: int, token: int, lease: float) -> datetime | None:
         params = {"set": set_name, "slot": slot, "token": token, "lease": lease}
-        rows = self._b_tx(None, lambda c: self._b_rows(c, "lease_renew", params))
+        rows = self._b_locked_tx(None, self.LOCK_WAIT, lambda c: self._b_rows(c, "lease_renew", params))
         return self._b_time(rows[0][0]) if rows else None
 
     def lease_release(self, set_name: str, slot: int, token: int) -> bool:
         params = {"set": set_name, "slot": slot, "token": token}
-        return bool(self._b_tx(None, lambda c: self._b_rows(c, "lease_release", params)))
+        return bool(self._b_locked_tx(None, self.LOCK_WAIT,
+                                      lambda c: self._b_rows(c, "lease_release", params)))
 
     def lease_fence(self, conn: Any, set_name: str, slot: int, token: int) -> bool:
         c = self._b_fence_connection(conn)

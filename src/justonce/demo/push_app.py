@@ -74,14 +74,17 @@ def _smtp() -> smtplib.SMTP:
 
 
 def _send(message: EmailMessage) -> None:
-    for attempt in (1, 2):
-        try:
-            _smtp().send_message(message)
-            return
-        except (smtplib.SMTPServerDisconnected, OSError):
-            _local.smtp = None  # reconnect once; a second failure fails the job (retried)
-            if attempt == 2:
-                raise
+    """Send on this thread's connection. Only a connection found closed before sending is
+    retried (on a fresh one): a failure later in the exchange may come after the server
+    took the message, and is left to the effect ledger (the job fails and is retried)."""
+    try:
+        _smtp().send_message(message)
+    except smtplib.SMTPServerDisconnected:
+        _local.smtp = None
+        _smtp().send_message(message)
+    except OSError:
+        _local.smtp = None
+        raise
 
 
 class SendInProgress(Exception):

@@ -29,8 +29,11 @@ class PartitionKeeper:
         self._lock = threading.Lock()
 
     def slots(self) -> tuple[int, ...]:
+        """The slots to claim jobs for: held, and renewed recently enough by this process's
+        own clock (a worker that cannot reach the database to renew stops claiming before
+        its lease can have run out)."""
         with self._lock:
-            return tuple(sorted(le.slot for le in self._held))
+            return tuple(sorted(le.slot for le in self._held if le.alive))
 
     def run_once(self) -> None:
         """Renew what is held (dropping slots taken over), then try to take more."""
@@ -43,6 +46,9 @@ class PartitionKeeper:
                 log.warning("partition slot lost: another worker took it over", extra={
                     "event": "partition.lost", "set": self.set_name, "slot": lease.slot,
                     "token": lease.token})
+            except Exception as exc:  # noqa: BLE001 - the others still need renewing
+                log.warning("partition renewal failed", extra={
+                    "event": "partition.renew_error", "slot": lease.slot, "error": str(exc)})
         while len(self._held) < self.want:
             got = self.partitions.try_acquire(self.set_name, self.n, lease=self.lease,
                                               owner=self.owner)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import validate
-from ..errors import InvalidOption, JustonceError
+from ..errors import InvalidOption, JustonceError, PartitionConflict
 from ..models import ClaimedJob, Completion, Failure
 from ..partitions import parse_set_spec, slots
 from .executor import Executor
@@ -244,6 +244,8 @@ class Worker:
         if self.keeper is not None:
             try:
                 self.keeper.run_once()  # hold slots (or stand by) before the first claim
+            except PartitionConflict:
+                raise  # started with another n than the set's holders: a configuration error
             except Exception as exc:  # noqa: BLE001 - the supervisor tries again
                 log.warning("partition round failed", extra={"event": "partition.error",
                                                              "error": str(exc)})

@@ -511,12 +511,13 @@ class PostgresBackend(EffectStore):
         ms = f"{max(1, int(lock_timeout * 1000))}ms"
 
         def bounded(c: psycopg.Connection) -> T:
-            old = c.execute("SELECT set_config('lock_timeout', %s, true), "
-                            "current_setting('lock_timeout')", (ms,)).fetchone()
+            # Read the caller's setting first (in the same statement as set_config it
+            # would already read the new value), and put it back afterwards: a
+            # transaction-local setting outlives the savepoint in the caller's transaction.
+            old = c.execute("SELECT current_setting('lock_timeout')").fetchone()
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (ms,))
             result = fn(c)
-            # A transaction-local setting would outlive the savepoint in the caller's
-            # transaction: put the caller's back.
-            c.execute("SELECT set_config('lock_timeout', %s, true)", (old[1] if old else "0",))
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (old[0] if old else "0",))
             return result
 
         try:

@@ -132,18 +132,18 @@ RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max
 
 -- name: job_claim_partitioned
 -- The claim of a worker holding slots %(slots)s of %(n)s: ready jobs whose partition_hash
--- falls in those slots, oldest first, and only the first live job of each key (a job waits
--- while an earlier job of its key is scheduled, ready or running): one job per key at a
--- time, in enqueue order, retries included.
+-- falls in those slots, oldest first, and only the first live job of each key: a job waits
+-- while any job of its key runs (whatever its id: ids are drawn at insert, jobs become
+-- visible at commit) or an earlier one is scheduled or ready. One job per key at a time,
+-- in enqueue order, retries included.
 {{claim_lease}}
  WHERE j.id = ANY(ARRAY(
            SELECT c.id FROM justonce_jobs c
             WHERE c.state = 'ready' AND c.queue = %(queue)s AND c.partition_hash IS NOT NULL
               AND mod(mod(c.partition_hash, %(n)s) + %(n)s, %(n)s) = ANY(%(slots)s::int[])
               AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
-                               WHERE e.partition_key = c.partition_key AND e.id < c.id
-                                 AND e.partition_hash IS NOT NULL
-                                 AND e.state IN ('scheduled','ready','running'))
+                               WHERE e.partition_key = c.partition_key AND e.partition_hash IS NOT NULL
+                                 AND (e.state = 'running' OR (e.id < c.id AND e.state IN ('scheduled','ready'))))
             ORDER BY c.id
             LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED))
@@ -471,11 +471,21 @@ INSERT INTO justonce_partition_sets (set_name, n) VALUES (%(set)s, %(n)s)
 ON CONFLICT (set_name) DO UPDATE SET updated_at = now()
 RETURNING n
 
+-- name: lease_set_fence_all
+-- (PostgreSQL fences in lease_set_resize; this twin of SQLite's statement does nothing.)
+SELECT 1
+
 -- name: lease_set_held
 SELECT count(*) FROM justonce_partition_leases
  WHERE set_name = %(set)s AND owner IS NOT NULL AND expires_at > now()
 
 -- name: lease_set_resize
+-- A new n: every slot's token moves on, so a holder of the old n (its lease expired, it is
+-- paused) can neither renew nor pass a fence, whichever slot it had.
+WITH fenced AS (
+    UPDATE justonce_partition_leases SET owner = NULL, expires_at = NULL, token = token + 1
+     WHERE set_name = %(set)s
+)
 UPDATE justonce_partition_sets SET n = %(n)s, updated_at = now() WHERE set_name = %(set)s
 RETURNING n
 
@@ -489,8 +499,8 @@ RETURNING slot
 -- The first free or expired slot; the token grows with every new holder.
 UPDATE justonce_partition_leases l
    SET owner = %(owner)s, token = l.token + 1,
-       expires_at = now() + %(lease)s::float8 * interval '1 second',
-       acquired_at = now(), renewed_at = now()
+       expires_at = clock_timestamp() + %(lease)s::float8 * interval '1 second',
+       acquired_at = clock_timestamp(), renewed_at = clock_timestamp()
  WHERE l.set_name = %(set)s
    AND l.slot = (SELECT slot FROM justonce_partition_leases
                   WHERE set_name = %(set)s AND slot < %(n)s
@@ -502,7 +512,8 @@ RETURNING l.slot, l.token, l.expires_at
 
 -- name: lease_renew
 UPDATE justonce_partition_leases
-   SET expires_at = now() + %(lease)s::float8 * interval '1 second', renewed_at = now()
+   SET expires_at = clock_timestamp() + %(lease)s::float8 * interval '1 second',
+       renewed_at = clock_timestamp()
  WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
 RETURNING expires_at
 

@@ -480,11 +480,16 @@ class SQLiteBackend(EffectStore):
         c.execute("SAVEPOINT justonce")
         try:
             result = fn(c)
-        except BaseException:
+        except BaseException as exc:
             c.execute("ROLLBACK TO justonce")
             c.execute("RELEASE justonce")
             if own:
                 c.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                # A read transaction of the caller's that another writer overtook cannot
+                # become a write transaction: the caller must roll back and try again.
+                raise LockTimeout(f"SQLite: {exc} (start a write transaction with BEGIN IMMEDIATE "
+                                  "before calling justonce on your connection)") from exc
             raise
         c.execute("RELEASE justonce")
         if own:

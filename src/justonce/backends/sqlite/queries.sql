@@ -84,9 +84,8 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
                WHERE c.state = 'ready' AND c.queue = :queue AND c.partition_hash IS NOT NULL
                  AND (((c.partition_hash % :n) + :n) % :n) IN (SELECT value FROM json_each(:slots))
                  AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
-                                  WHERE e.partition_key = c.partition_key AND e.id < c.id
-                                    AND e.partition_hash IS NOT NULL
-                                    AND e.state IN ('scheduled','ready','running'))
+                                  WHERE e.partition_key = c.partition_key AND e.partition_hash IS NOT NULL
+                                    AND (e.state = 'running' OR (e.id < c.id AND e.state IN ('scheduled','ready'))))
                ORDER BY c.id
                LIMIT :limit)
 {{claim_returning}}
@@ -332,6 +331,12 @@ RETURNING n
 -- name: lease_set_held
 SELECT count(*) FROM justonce_partition_leases
  WHERE set_name = :set AND owner IS NOT NULL AND expires_at > NOW()
+
+-- name: lease_set_fence_all
+-- A new n: every slot's token moves on (see the PostgreSQL twin).
+UPDATE justonce_partition_leases SET owner = NULL, expires_at = NULL, token = token + 1
+ WHERE set_name = :set
+RETURNING slot
 
 -- name: lease_set_resize
 UPDATE justonce_partition_sets SET n = :n, updated_at = NOW() WHERE set_name = :set
