@@ -143,7 +143,8 @@ RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max
               AND mod(mod(c.partition_hash, %(n)s) + %(n)s, %(n)s) = ANY(%(slots)s::int[])
               AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
                                WHERE e.partition_key = c.partition_key AND e.partition_hash IS NOT NULL
-                                 AND (e.state = 'running' OR (e.id < c.id AND e.state IN ('scheduled','ready'))))
+                                 AND e.state IN ('scheduled','ready','running')  -- the partial index's own condition
+                                 AND (e.state = 'running' OR e.id < c.id))
             ORDER BY c.id
             LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED))

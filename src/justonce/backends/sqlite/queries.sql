@@ -85,7 +85,8 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
                  AND (((c.partition_hash % :n) + :n) % :n) IN (SELECT value FROM json_each(:slots))
                  AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
                                   WHERE e.partition_key = c.partition_key AND e.partition_hash IS NOT NULL
-                                    AND (e.state = 'running' OR (e.id < c.id AND e.state IN ('scheduled','ready'))))
+                                    AND e.state IN ('scheduled','ready','running')  -- the partial index's own condition
+                                    AND (e.state = 'running' OR e.id < c.id))
                ORDER BY c.id
                LIMIT :limit)
 {{claim_returning}}
