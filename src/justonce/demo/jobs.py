@@ -5,8 +5,8 @@ same database. At the end the demo compares three numbers: jobs succeeded, disti
 executed, and executions. Without a crash they are all N. With ``--kill-one`` a worker is
 killed with SIGKILL midway: its leased jobs come back after the lease and run elsewhere,
 so every job still succeeds exactly once, while the task code of the jobs it was running
-may have run twice (that is what a crash means; a later release's effect ledger makes
-such side effects just-once).
+may have run twice (that is what a crash means; the effect ledger, shown by
+``justonce demo push``, makes such side effects just-once).
 """
 
 from __future__ import annotations
