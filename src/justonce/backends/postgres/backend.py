@@ -445,6 +445,9 @@ class PostgresBackend(EffectStore):
         return rows[0][0]
 
     def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
+        if not self._fetch("jobs_any_expired", {}):
+            return HousekeepingReport()
+
         def run(conn: psycopg.Connection) -> HousekeepingReport:
             row = conn.cursor(row_factory=tuple_row).execute(
                 Q["jobs_rescue"], {"limit": limit, "channel": self.channel}).fetchone()

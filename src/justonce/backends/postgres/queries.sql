@@ -252,6 +252,10 @@ WITH due AS (
 SELECT count(*), (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT queue AS q FROM up) r)
   FROM up
 
+-- name: jobs_any_expired
+-- Housekeeping's first look: almost always nothing expired, and then a read is all it costs.
+SELECT 1 FROM justonce_jobs WHERE state = 'running' AND lease_expires_at < now() LIMIT 1
+
 -- name: jobs_rescue
 -- Leases that ran out: the worker died or froze. The attempt it made still counts, so a
 -- job that kills its worker every time ends dead after max_attempts.

@@ -448,6 +448,9 @@ class SQLiteBackend(EffectStore):
         return self._write(lambda c: c.execute(Q["jobs_promote"], {"limit": limit}).rowcount)
 
     def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
+        if not self._read(Q["jobs_any_expired"]):
+            return HousekeepingReport()
+
         def run(conn: sqlite3.Connection) -> list[sqlite3.Row]:
             rows = conn.execute(Q["jobs_rescue"], {"limit": limit}).fetchall()
             self._resolve_job_items(conn, [r[1] for r in rows if r[0] == "dead"],

@@ -163,6 +163,10 @@ UPDATE justonce_jobs SET state = 'ready'
                WHERE state = 'scheduled' AND run_at <= NOW()
                ORDER BY run_at LIMIT :limit)
 
+-- name: jobs_any_expired
+-- Housekeeping's first look: almost always nothing expired, and then no write lock is taken.
+SELECT 1 FROM justonce_jobs WHERE state = 'running' AND lease_expires_at < NOW() LIMIT 1
+
 -- name: jobs_rescue
 UPDATE justonce_jobs
    SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'ready' END,
