@@ -28,6 +28,7 @@ from rich.table import Table
 from ..app import App
 from ..tasks import Enqueue
 from ..types import JobState
+from . import connect, stop_workers
 
 app = App(strict=True)
 _local = threading.local()
@@ -38,29 +39,10 @@ LEDGER_DDL = (
 )
 
 
-def _connect(url: str) -> Any:
-    """A plain DB-API connection to the app's database (autocommit)."""
-    if url.startswith("sqlite:"):
-        from ..backends.sqlite.backend import parse_sqlite_url
-
-        path, _ = parse_sqlite_url(url)
-        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA busy_timeout=30000")
-        return conn
-    import psycopg
-
-    from ..backends.postgres.backend import parse_postgres_url
-
-    conninfo, schema, _ = parse_postgres_url(url)
-    if schema:
-        return psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}")
-    return psycopg.connect(conninfo, autocommit=True)
-
-
 def _ledger() -> Any:
     conn = getattr(_local, "conn", None)
     if conn is None:
-        conn = _local.conn = _connect(app.database_url)
+        conn = _local.conn = connect(app.database_url)
     return conn
 
 
@@ -78,7 +60,7 @@ def run_demo(database_url: str | None, n_jobs: int, workers: int, kill_one: bool
         app.use_database(database_url)
     url = app.database_url
     app.migrate()
-    conn = _connect(url)
+    conn = connect(url)
     conn.execute(LEDGER_DDL)
     run = secrets.token_hex(4)
     queue = f"demo-{run}"
@@ -118,14 +100,7 @@ def run_demo(database_url: str | None, n_jobs: int, workers: int, kill_one: bool
                 time.sleep(0.1)
         elapsed = time.perf_counter() - t1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_workers(procs)
 
     counts = {c.state: c.count for c in app.queue_counts() if c.queue == queue}
     succeeded = counts.get(JobState.SUCCEEDED, 0)

@@ -34,7 +34,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..tasks import Enqueue
-from .push_app import SMTP_ENV, app, connect, send_push_email
+from . import connect, stop_workers
+from .push_app import SMTP_ENV, app, send_push_email
 
 CITIES = [("Sydney", -33.8688, 151.2093, 0.40), ("Melbourne", -37.8136, 144.9631, 0.25),
           ("Brisbane", -27.4698, 153.0251, 0.15), ("Perth", -31.9505, 115.8605, 0.10),
@@ -224,14 +225,7 @@ def run_push_demo(database_url: str | None, users: int, workers: int, kill_one: 
                 time.sleep(0.2)
         elapsed = time.perf_counter() - t1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_workers(procs)
         if controller is not None:
             time.sleep(0.2)
             controller.stop()

@@ -20,31 +20,13 @@ from typing import Any
 
 from ..app import App
 from ..retry import Backoff
+from . import connect
 
 app = App(strict=True)
 _local = threading.local()
 _pushes: dict[int, dict[str, Any]] = {}
 _lock = threading.Lock()
 SMTP_ENV = "JUSTONCE_DEMO_SMTP"
-
-
-def connect(url: str) -> Any:
-    """A plain autocommit DB-API connection to the demo's database."""
-    if url.startswith("sqlite:"):
-        from ..backends.sqlite.backend import parse_sqlite_url
-
-        path, _ = parse_sqlite_url(url)
-        conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout=30000")
-        return conn
-    import psycopg
-
-    from ..backends.postgres.backend import parse_postgres_url
-
-    conninfo, schema, _ = parse_postgres_url(url)
-    if schema:
-        return psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}")
-    return psycopg.connect(conninfo, autocommit=True)
 
 
 def _db() -> Any:
