@@ -1,5 +1,5 @@
 -- justonce schema v2: batches. A batch has groups of items; each group is stored as
--- chunks of 8192 items, one bit per item (1 = acked or failed) and a count of pending items.
+-- chunks of 2048 items, one bit per item (1 = acked or failed) and a count of pending items.
 CREATE TABLE justonce_batches (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     state        TEXT    NOT NULL CHECK (state IN ('open','sealed','completed','expired')),
@@ -19,7 +19,7 @@ CREATE INDEX justonce_batches_idle ON justonce_batches (updated_at) WHERE state 
 CREATE INDEX justonce_batches_finished ON justonce_batches (finished_at)
     WHERE state IN ('completed','expired');
 
--- A rowid table: rows of about 1 KB are a poor fit for WITHOUT ROWID.
+-- A rowid table: rows of about 300 bytes are a poor fit for WITHOUT ROWID.
 CREATE TABLE justonce_batch_chunks (
     batch_id   INTEGER NOT NULL,
     group_id   TEXT    NOT NULL,
