@@ -219,12 +219,7 @@ class App:
         self, *, state: str | JobState | None = None, queue: str | None = None,
         task: str | None = None, limit: int = 50,
     ) -> list[Job]:
-        try:
-            st = JobState(state).value if state is not None else None
-        except ValueError:
-            raise InvalidOption(
-                f"state must be one of {', '.join(x.value for x in JobState)}, not {state!r}"
-            ) from None
+        st = validate.optional_state(state, JobState)
         if not isinstance(limit, int) or not 1 <= limit <= 10000:
             raise InvalidOption("limit must be in [1, 10000]")
         return self.backend.job_list(state=st, queue=queue, task=task, limit=limit)

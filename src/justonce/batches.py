@@ -156,12 +156,7 @@ class Batches:
 
     def list(self, state: str | BatchState | None = None, limit: int = 50) -> list[BatchInfo]:
         """Newest first."""
-        try:
-            st = BatchState(state).value if state is not None else None
-        except ValueError:
-            raise InvalidOption(
-                f"state must be one of {', '.join(s.value for s in BatchState)}, not {state!r}"
-            ) from None
+        st = validate.optional_state(state, BatchState)
         return self.app.backend.batch_list(st, validate.count(limit, "limit", 10_000))
 
     def failures(self, batch_id: int, limit: int = 100) -> builtins.list[ItemFailure]:

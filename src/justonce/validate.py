@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 
 from .errors import InvalidArguments, InvalidName, InvalidOption, PayloadTooLarge
@@ -233,6 +234,18 @@ def job_id(value: Any, what: str = "job id") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
         raise InvalidOption(f"{what} must be a positive 64-bit integer, not {value!r}")
     return value
+
+
+def optional_state(value: Any, states: type[Enum]) -> str | None:
+    """A state filter: None, or one of the enum's values."""
+    if value is None:
+        return None
+    try:
+        return str(states(value).value)
+    except ValueError:
+        raise InvalidOption(
+            f"state must be one of {', '.join(str(s.value) for s in states)}, not {value!r}"
+        ) from None
 
 
 def batch_id(value: Any) -> int:

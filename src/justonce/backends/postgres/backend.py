@@ -511,20 +511,17 @@ class PostgresBackend(EffectStore):
 
     def _b_locked_tx(self, conn: Any, lock_timeout: float,
                      fn: Callable[[psycopg.Connection], T]) -> T:
-        ms = f"{max(1, int(lock_timeout * 1000))}ms"
+        def own(c: psycopg.Connection) -> T:
+            # Our own transaction ends here: SET LOCAL needs no undoing.
+            c.execute("SELECT set_config('lock_timeout', %s, true)", (_ms(lock_timeout),))
+            return fn(c)
 
-        def bounded(c: psycopg.Connection) -> T:
-            # Read the caller's setting first (in the same statement as set_config it
-            # would already read the new value), and put it back afterwards: a
-            # transaction-local setting outlives the savepoint in the caller's transaction.
-            old = c.execute("SELECT current_setting('lock_timeout')").fetchone()
-            c.execute("SELECT set_config('lock_timeout', %s, true)", (ms,))
-            result = fn(c)
-            c.execute("SELECT set_config('lock_timeout', %s, true)", (old[0] if old else "0",))
-            return result
+        def callers(c: psycopg.Connection) -> T:
+            with _lock_timeout(c, lock_timeout):
+                return fn(c)
 
         try:
-            return self._b_tx(conn, bounded)
+            return self._b_tx(conn, own if conn is None else callers)
         except psycopg.errors.LockNotAvailable as exc:
             raise LockTimeout(f"a ledger entry stayed locked for {lock_timeout:g}s") from exc
 
@@ -532,13 +529,10 @@ class PostgresBackend(EffectStore):
         c = self._b_fence_connection(conn)
         query = sql.SQL("SELECT 1 FROM {} WHERE {} = %s FOR UPDATE").format(
             sql.Identifier(*table.split(".")), sql.Identifier(column))
-        ms = f"{max(1, int(timeout * 1000))}ms"
         c.execute("SAVEPOINT justonce_lock")
         try:
-            old = c.execute("SELECT current_setting('lock_timeout')").fetchone()
-            c.execute("SELECT set_config('lock_timeout', %s, true)", (ms,))
-            found = c.execute(query, (value,)).fetchone() is not None
-            c.execute("SELECT set_config('lock_timeout', %s, true)", (old[0] if old else "0",))
+            with _lock_timeout(c, timeout):
+                found = c.execute(query, (value,)).fetchone() is not None
         except psycopg.errors.LockNotAvailable as exc:
             c.execute("ROLLBACK TO SAVEPOINT justonce_lock")
             c.execute("RELEASE SAVEPOINT justonce_lock")
@@ -585,6 +579,21 @@ class PostgresBackend(EffectStore):
         return psycopg.connect(
             self.conninfo, **self._kwargs, connect_timeout=int(self.connect_timeout)
         )
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
+@contextmanager
+def _lock_timeout(c: psycopg.Connection, seconds: float) -> Iterator[None]:
+    """``lock_timeout`` for a while in the caller's transaction, then the caller's own value
+    again (a transaction-local setting would outlive our savepoint). The old value is read
+    in a statement of its own: next to set_config it would already read the new one."""
+    old = c.execute("SELECT current_setting('lock_timeout')").fetchone()
+    c.execute("SELECT set_config('lock_timeout', %s, true)", (_ms(seconds),))
+    yield
+    c.execute("SELECT set_config('lock_timeout', %s, true)", (old[0] if old else "0",))
 
 
 def _read_committed(conn: psycopg.Connection) -> None:
