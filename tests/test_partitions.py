@@ -23,6 +23,7 @@ from justonce import (
     PartitionConflict,
     PartitionSetNotFound,
 )
+from justonce.models import SlotFence
 from justonce.partitions import partition_of, register_sqlite_functions, slot_expression, slot_predicate
 
 # -- hashing -----------------------------------------------------------------------------------
@@ -239,6 +240,13 @@ def test_bad_lease_input_gets_clear_errors(app: App) -> None:
 # -- partitioned claims ------------------------------------------------------------------------
 
 
+def hold(app: App, n: int, wanted: list[int], set_name: str = "jobs") -> SlotFence:
+    """Take every slot of a set of ``n``; the fence of the ``wanted`` ones."""
+    leases = [app.partitions.try_acquire(set_name, n, lease=60) for _ in range(n)]
+    return SlotFence(set_name, n, tuple((le.slot, le.token) for le in leases
+                                        if le is not None and le.slot in wanted))
+
+
 def test_partitioned_jobs_are_claimed_one_per_key_in_enqueue_order_by_their_slots_holder(app: App) -> None:
     @app.task
     def step(key: Any, i: int) -> None: ...
@@ -252,17 +260,18 @@ def test_partitioned_jobs_are_claimed_one_per_key_in_enqueue_order_by_their_slot
     slot_of = {k: partition_of(k, n) for k in ("a", "b", 7)}
     # An ordinary claim leaves partitioned jobs alone.
     assert [j.id for j in app.backend.job_claim("default", 10, "w", 30)] == [plain]
-    first = app.backend.job_claim("default", 10, "w", 30, (n, [0, 1]))
+    both = hold(app, n, [0, 1])
+    first = app.backend.job_claim("default", 10, "w", 30, both)
     assert sorted(j.id for j in first) == sorted(ids[(k, 0)] for k in ("a", "b", 7))
-    assert app.backend.job_claim("default", 10, "w", 30, (n, [0, 1])) == []  # each key is busy
+    assert app.backend.job_claim("default", 10, "w", 30, both) == []  # each key is busy
     done_a = next(j for j in first if j.args[0] == "a")
     from justonce.models import Completion
 
     accepted, nxt = app.backend.job_complete_and_claim(
         [Completion(done_a.id, done_a.lease_token, None)], "default", 10, "w", 30,
-        (n, [slot_of["a"]]))
+        SlotFence("jobs", n, tuple(p for p in both.slots if p[0] == slot_of["a"])))
     assert accepted == {done_a.id} and [j.id for j in nxt] == [ids[("a", 1)]]
-    assert app.backend.job_claim("default", 10, "w", 30, (n, [])) == []
+    assert app.backend.job_claim("default", 10, "w", 30, SlotFence("jobs", n, ())) == []
     assert app.get_job(ids[("a", 2)]).state is JobState.READY
 
 
@@ -272,9 +281,12 @@ def test_a_slot_holder_gets_only_the_keys_of_its_slots(app: App) -> None:
 
     for key in range(40):
         app.enqueue(step, [key], partition_key=key)
-    got = app.backend.job_claim("default", 100, "w", 30, (4, [1, 3]))
+    every = hold(app, 4, [0, 1, 2, 3])
+    got = app.backend.job_claim("default", 100, "w", 30,
+                                SlotFence("jobs", 4, tuple(p for p in every.slots if p[0] in (1, 3))))
     assert sorted(j.args[0] for j in got) == [k for k in range(40) if k % 4 in (1, 3)]
-    rest = app.backend.job_claim("default", 100, "w", 30, (4, [0, 2]))
+    rest = app.backend.job_claim("default", 100, "w", 30,
+                                 SlotFence("jobs", 4, tuple(p for p in every.slots if p[0] in (0, 2))))
     assert sorted(j.args[0] for j in rest) == [k for k in range(40) if k % 4 in (0, 2)]
 
 
@@ -288,7 +300,7 @@ def test_a_running_job_blocks_its_key_whatever_its_id(app: App, db_url: str) -> 
     @app.task
     def step(i: int) -> None: ...
 
-    part = (1, [0])
+    part = hold(app, 1, [0])
     first = app.enqueue(step, [1], partition_key="k")
     second = app.enqueue(step, [2], partition_key="k")
     [c1] = app.backend.job_claim("default", 10, "w", 30, part)
@@ -313,6 +325,85 @@ def test_a_running_job_blocks_its_key_whatever_its_id(app: App, db_url: str) -> 
         assert app.backend.job_claim("default", 10, "w", 30, part) == []  # m is busy
     finally:
         conn.close()
+
+
+def test_a_claim_takes_nothing_for_a_slot_that_changed_hands(app: App) -> None:
+    """The fence is in the claim statement: a claimer whose slot was taken over (its
+    token is old) gets no job of it, whatever it believes; the new holder gets them all."""
+    @app.task
+    def step(key: int) -> None: ...
+
+    for key in range(8):
+        app.enqueue(step, [key], partition_key=key)
+    zombie = app.partitions.try_acquire("jobs", 1, lease=0.2)
+    assert zombie is not None
+    old = SlotFence("jobs", 1, ((zombie.slot, zombie.token),))
+    time.sleep(0.3)
+    standby = app.partitions.try_acquire("jobs", 1, lease=30)
+    assert standby is not None and standby.token == zombie.token + 1
+    assert app.backend.job_claim("default", 10, "zombie", 30, old) == []
+    assert app.backend.job_complete_and_claim([], "default", 10, "zombie", 30, old) == (set(), [])
+    new = SlotFence("jobs", 1, ((standby.slot, standby.token),))
+    assert sorted(j.args[0] for j in app.backend.job_claim("default", 10, "standby", 30, new)) == list(range(8))
+
+
+def test_a_claim_takes_nothing_for_an_expired_slot_even_before_anyone_takes_it(app: App) -> None:
+    """Expiry is checked by the database's clock in the claim itself; the expired token is
+    spent: it cannot be renewed, and only a new acquire (a new token) claims again."""
+    @app.task
+    def step(key: int) -> None: ...
+
+    job = app.enqueue(step, [1], partition_key=1)
+    lease = app.partitions.try_acquire("jobs", 1, lease=0.2)
+    assert lease is not None
+    fence = SlotFence("jobs", 1, ((lease.slot, lease.token),))
+    time.sleep(0.3)
+    assert app.backend.job_claim("default", 10, "w", 30, fence) == []
+    with pytest.raises(LeaseLost):
+        lease.renew()
+    again = app.partitions.try_acquire("jobs", 1, lease=30)
+    assert again is not None and again.token == lease.token + 1
+    [claimed] = app.backend.job_claim("default", 10, "w", 30,
+                                      SlotFence("jobs", 1, ((again.slot, again.token),)))
+    assert claimed.id == job.id and claimed.partition_hash == 1
+
+
+def test_a_fence_on_an_expired_lease_is_refused(app: App, db_url: str) -> None:
+    lease = app.partitions.try_acquire("fenced", 1, lease=0.2)
+    assert lease is not None
+    time.sleep(0.3)
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        with pytest.raises(LeaseLost), proc_app._Tx(conn) as c:
+            lease.fence(c)
+    finally:
+        conn.close()
+    assert lease.lost
+
+
+def test_an_uncommitted_partitioned_claim_keeps_a_standby_off_its_slot(app: App, db_url: str) -> None:
+    """Postgres: the claim holds its slots' rows FOR SHARE until it commits, so a claimer
+    paused between its claim statement and its commit cannot have a standby take the slot
+    meanwhile (on SQLite the claim holds the one write lock, which does the same)."""
+    if not db_url.startswith("postgres"):
+        pytest.skip("SQLite serialises every write: nothing to race")
+    from justonce.backends.postgres.backend import Q
+
+    @app.task
+    def step(key: int) -> None: ...
+
+    job = app.enqueue(step, [3], partition_key=3)
+    lease = app.partitions.try_acquire("jobs", 1, lease=0.3)
+    assert lease is not None
+    name, params = app.backend._claim_params(
+        "default", 10, "paused", 30, SlotFence("jobs", 1, ((lease.slot, lease.token),)))
+    with app.backend._connection() as conn, conn.transaction():
+        rows = conn.execute(Q[name], params).fetchall()
+        assert [r[0] for r in rows] == [job.id]
+        time.sleep(0.5)  # the slot's lease runs out while the claim is not committed
+        assert app.partitions.try_acquire("jobs", 1, lease=30) is None
+    standby = app.partitions.try_acquire("jobs", 1, lease=30)
+    assert standby is not None and standby.token == lease.token + 1
 
 
 def test_changing_n_fences_the_holders_of_the_old_n(app: App, db_url: str) -> None:

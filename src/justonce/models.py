@@ -106,6 +106,20 @@ class ClaimedJob:
     timeout: float
     lease_token: int
     batch_item: str | None = None
+    partition_hash: int | None = None
+    """Set on partitioned jobs: the slot is ``partition_hash mod n``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFence:
+    """What a partitioned claim is fenced by: set ``set_name`` of ``n`` slots, and the
+    (slot, token) pairs the claimer holds. The claim statement takes jobs only of slots
+    whose current token is still the given one and whose lease has not expired by the
+    database's clock, so no claim commits for a slot that changed hands."""
+
+    set_name: str
+    n: int
+    slots: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,12 +158,14 @@ class PartitionLease:
     """
 
     def __init__(self, partitions: Partitions, set_name: str, n: int, slot: int, token: int,
-                 owner: str, lease: float, expires_at: datetime) -> None:
+                 owner: str, lease: float, expires_at: datetime,
+                 started: float | None = None) -> None:
         self._partitions = partitions
         self.set_name, self.n, self.slot, self.token = set_name, n, slot, token
         self.owner, self.lease, self.expires_at = owner, lease, expires_at
         self.lost = False
-        self._valid_until = time.monotonic() + lease  # by this process's clock
+        # By this process's clock, from before the acquire was sent (``started``).
+        self._valid_until = (time.monotonic() if started is None else started) + lease
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -181,18 +183,28 @@ class PartitionLease:
         past that, another process may hold the slot even if no renewal said so yet."""
         return not self.lost and time.monotonic() < self._valid_until
 
+    @property
+    def valid_until(self) -> float:
+        """When the lease can first have run out, in this process's ``time.monotonic()``:
+        the start of the last successful renewal (or of the acquire) plus ``lease``. The
+        database set the expiry after that start, so the slot cannot have changed hands
+        before this moment."""
+        return self._valid_until
+
     def owns(self, key: Any) -> bool:
         return partition_of(key, self.n) == self.slot
 
     def renew(self) -> datetime:
-        """Extend the lease by ``lease`` s from now. Raises :class:`LeaseLost` when another
-        holder has the slot (and marks the lease lost)."""
+        """Extend the lease by ``lease`` s from now. Raises :class:`LeaseLost` (and marks
+        the lease lost) when the lease had already expired by the database's clock, or
+        another holder has the slot: an expired token is spent even if nobody took the
+        slot yet, so acquire it anew."""
         started = time.monotonic()
         expires = self.backend.lease_renew(self.set_name, self.slot, self.token, self.lease)
         if expires is None:
             self.lost = True
-            raise LeaseLost(f"slot {self.slot} of {self.set_name!r} was taken over: "
-                            f"token {self.token} is no longer current")
+            raise LeaseLost(f"slot {self.slot} of {self.set_name!r}: token {self.token} expired "
+                            "or was taken over")
         self.expires_at = expires
         self._valid_until = started + self.lease
         return expires
@@ -271,13 +283,14 @@ class Partitions:
         n = n_from_env(n)
         lease = validate.bounded(lease, "lease", 0.1, 86400)
         who = owner or _default_owner()
+        started = time.monotonic()
         got = self.app.backend.lease_acquire(name, n, who, lease)
         if got is None:
             return None
         slot, token, expires_at = got
         log.info("partition acquired", extra={"event": "partition.acquired", "set": name,
                                               "slot": slot, "n": n, "token": token})
-        return PartitionLease(self, name, n, slot, token, who, lease, expires_at)
+        return PartitionLease(self, name, n, slot, token, who, lease, expires_at, started)
 
     def acquire(self, set_name: str, n: int | None = None, *, lease: float = 30.0,
                 timeout: float | timedelta | None = None, poll: float | None = None,

@@ -30,12 +30,13 @@ from ..models import (
     NewJob,
     QueueCount,
     SealResult,
+    SlotFence,
     SlotInfo,
 )
 from ..types import JobState
 
-Partitioning = tuple[int, Sequence[int]]
-"""(n, slots): claim only partitioned jobs whose partition_hash mod n is one of slots."""
+Partitioning = SlotFence
+"""Claim only partitioned jobs whose slot (partition_hash mod n) is held with the given token."""
 
 
 class Waiter(Protocol):
@@ -108,9 +109,13 @@ class Backend(Protocol):
         """Lease up to ``limit`` ready jobs of one queue in (priority, id) order for
         ``lease`` seconds; attempts += 1 and a new lease_token for each. Concurrent claims
         never return the same job. Jobs with a partition key are left out, unless
-        ``partitions`` = (n, slots) is given: then only those jobs are claimed, those whose
-        partition_hash mod n is in slots, in id order, and only while no earlier job of
-        the same key is live (one job per key at a time, in enqueue order)."""
+        ``partitions`` (a :class:`SlotFence`) is given: then only those jobs are claimed,
+        those whose partition_hash mod n is a slot that the statement itself finds still
+        held with the given token and not expired by the database's clock (no claim
+        commits for a slot that changed hands, however late it commits: on Postgres the
+        slot rows are held FOR SHARE until commit, so a takeover waits), in id order, and
+        only while no earlier job of the same key is live (one job per key at a time, in
+        enqueue order)."""
 
     def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
         """Mark succeeded in one transaction; return the ids accepted. An id missing from

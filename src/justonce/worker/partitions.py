@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import LeaseLost
+from ..models import SlotFence
 
 if TYPE_CHECKING:
     from ..partitions import PartitionLease, Partitions
@@ -17,45 +19,80 @@ log = logging.getLogger("justonce.worker")
 
 class PartitionKeeper:
     """Called from the worker's supervisor every heartbeat (``run_once``); the producer
-    reads :meth:`slots` before each claim. A worker that holds no slot claims nothing from
-    the partitioned queue and waits as a standby."""
+    asks for :meth:`fence` before each claim and the slots ask :meth:`holds` before they
+    start a job. A worker that holds no slot claims nothing from the partitioned queue and
+    waits as a standby.
+
+    Both answers use this process's monotonic clock with a ``margin``: a slot counts as
+    held only while its lease, measured from before the last renewal was sent, has more
+    than ``margin`` seconds left, so the worker stops claiming and starting jobs for a
+    slot before another process can have taken it, even when it cannot reach the database
+    to learn that it lost it. The claim itself is fenced in SQL (see SlotFence)."""
 
     def __init__(self, partitions: Partitions, set_name: str, n: int, want: int,
-                 lease: float, owner: str) -> None:
+                 lease: float, owner: str, margin: float = 0.0) -> None:
         self.partitions = partitions
         self.set_name, self.n, self.want = set_name, n, want
-        self.lease, self.owner = lease, owner
+        self.lease, self.owner, self.margin = lease, owner, margin
         self._held: list[PartitionLease] = []
         self._lock = threading.Lock()
+        self._round = threading.Lock()  # one round at a time (supervisor, or a fetch after a pause)
+
+    def _live(self) -> list[PartitionLease]:
+        horizon = time.monotonic() + self.margin
+        with self._lock:
+            return [le for le in self._held if not le.lost and le.valid_until > horizon]
 
     def slots(self) -> tuple[int, ...]:
-        """The slots to claim jobs for: held, and renewed recently enough by this process's
-        own clock (a worker that cannot reach the database to renew stops claiming before
-        its lease can have run out)."""
-        with self._lock:
-            return tuple(sorted(le.slot for le in self._held if le.alive))
+        """The slots held, with more than ``margin`` s of lease left by this process's clock."""
+        return tuple(sorted(le.slot for le in self._live()))
 
-    def run_once(self) -> None:
-        """Renew what is held (dropping slots taken over), then try to take more."""
+    def fence(self) -> SlotFence:
+        """What the next claim is fenced by: the live slots with their tokens."""
+        return SlotFence(self.set_name, self.n,
+                         tuple(sorted((le.slot, le.token) for le in self._live())))
+
+    def holds(self, partition_hash: int) -> bool:
+        """Whether the slot of a job (by its partition hash) is still live."""
+        return partition_hash % self.n in self.slots()
+
+    def run_once(self) -> set[int]:
+        """Renew what is held (dropping slots expired or taken over), then try to take
+        more. Returns the slots lost in this round."""
+        with self._round:
+            return self._run_once()
+
+    def _run_once(self) -> set[int]:
+        lost: set[int] = set()
         for lease in list(self._held):
             try:
                 lease.renew()
             except LeaseLost:
                 with self._lock:
                     self._held.remove(lease)
-                log.warning("partition slot lost: another worker took it over", extra={
-                    "event": "partition.lost", "set": self.set_name, "slot": lease.slot,
-                    "token": lease.token})
+                lost.add(lease.slot)
+                log.warning("partition slot lost: its lease expired or another worker took it "
+                            "over", extra={"event": "partition.lost", "set": self.set_name,
+                                           "slot": lease.slot, "token": lease.token})
             except Exception as exc:  # noqa: BLE001 - the others still need renewing
                 log.warning("partition renewal failed", extra={
                     "event": "partition.renew_error", "slot": lease.slot, "error": str(exc)})
+        with self._lock:
+            # A lease past its time by our own clock is as good as lost: its renewal can
+            # only fail now. Drop it so that the slot can be acquired anew below.
+            now = time.monotonic()
+            for lease in [le for le in self._held if le.valid_until <= now]:
+                self._held.remove(lease)
+                lease.lost = True
+                lost.add(lease.slot)
         while len(self._held) < self.want:
             got = self.partitions.try_acquire(self.set_name, self.n, lease=self.lease,
                                               owner=self.owner)
             if got is None:
-                return
+                break
             with self._lock:
                 self._held.append(got)
+        return lost
 
     def release_all(self) -> None:
         with self._lock:

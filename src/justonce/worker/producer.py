@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..backends import Backend
-from ..models import ClaimedJob, Completion
+from ..models import ClaimedJob, Completion, SlotFence
 
 
 class Producer:
@@ -21,7 +21,7 @@ class Producer:
     def __init__(
         self, backend: Backend, queues: Sequence[str], owner: str, lease: float,
         prefetch: int, horizon: float = 0.05,
-        partitions: tuple[int, Callable[[], Sequence[int]]] | None = None,
+        partitions: Callable[[], SlotFence] | None = None,
     ) -> None:
         self.backend = backend
         self.queues = list(queues)
@@ -32,7 +32,7 @@ class Producer:
         self._next = 0
         self._avg: float | None = None
         self.partitions = partitions
-        """(n, held slots): a partitioned worker claims only jobs of the slots it holds."""
+        """The fence of the slots held now: a partitioned worker claims only their jobs."""
 
     def observe(self, duration: float) -> None:
         """Feed the duration of a finished job into the moving average."""
@@ -51,7 +51,7 @@ class Producer:
         the completions' transaction. Returns (accepted completion ids, claimed jobs)."""
         got: list[ClaimedJob] = []
         accepted: set[int] = set()
-        part = None if self.partitions is None else (self.partitions[0], self.partitions[1]())
+        part = None if self.partitions is None else self.partitions()
         n = len(self.queues)
         start = self._next
         self._next = (self._next + 1) % n

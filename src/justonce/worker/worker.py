@@ -53,6 +53,10 @@ class _Slot:
 @dataclass(eq=False)
 class _Held:
     job: ClaimedJob
+    valid_until: float
+    """Monotonic time after which the job's lease may have run out (and the job been
+    re-offered): from before the claim or the last successful renewal was sent, plus the
+    lease, minus the worker's margin. An unstarted job past it is never started."""
     started: float | None = None
     deadline: float | None = None
     slot: _Slot | None = None
@@ -91,6 +95,12 @@ class Worker:
     ``partition_slots`` slots of the set (standing by while all are held, taking over a slot
     whose holder stops renewing) and runs only the jobs with a ``partition_key`` whose slot
     it holds — one job per key at a time, in enqueue order.
+
+    Nothing is started that may have been re-offered: a leased job is started only while
+    its lease, by this process's monotonic clock and less a margin (a fifth of the lease,
+    at most 2 s), cannot have run out, and a partitioned job only while its slot is held
+    by the same rule. A pause longer than a heartbeat (the process was stopped, or starved)
+    drops every leased job not yet started and renews the slots before the next claim.
     """
 
     def __init__(
@@ -119,6 +129,8 @@ class Worker:
                           if heartbeat is not None else self.lease / 3)
         if self.heartbeat >= self.lease:
             raise InvalidOption("heartbeat must be shorter than the lease")
+        self.margin = min(self.lease / 5, 2.0)
+        """Seconds of lease a job (or slot) must have left by our clock to be started."""
         self.poll = validate.bounded(poll, "poll", 0.001, 3600)
         self.grace = validate.bounded(grace, "grace", 0, 86400)
         self.listen = bool(listen)
@@ -136,7 +148,7 @@ class Worker:
         self.keeper = self._partition_keeper(partitions, partition_slots)
         self.producer = Producer(
             self.backend, self.queues, self.owner, self.lease, prefetch,
-            partitions=None if self.keeper is None else (self.keeper.n, self.keeper.slots),
+            partitions=None if self.keeper is None else self.keeper.fence,
         )
         self.executor = Executor(app)
         self.maintenance = (
@@ -167,6 +179,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._slot_of: dict[threading.Thread, _Slot] = {}
         self._grace_override: float | None = None
+        self._recheck = False
+        """A pause was seen: renew the slots before the next claim."""
         self._waiter = self.backend.waiter(self.queues, listen=listen)
         self._runner: threading.Thread | None = None
 
@@ -178,7 +192,8 @@ class Worker:
             validate.set_name(spec[0]), slots(spec[1]))
         if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= n:
             raise InvalidOption(f"partition_slots must be an integer in [1, {n}], not {want!r}")
-        return PartitionKeeper(self.app.partitions, set_name, n, want, self.lease, self.owner)
+        return PartitionKeeper(self.app.partitions, set_name, n, want, self.lease, self.owner,
+                               margin=self.margin)
 
     # -- public control ----------------------------------------------------------------
     def run(self) -> None:
@@ -271,21 +286,38 @@ class Worker:
             if slot.abandoned:
                 return  # a replacement slot took over while this one was stuck
 
+    def _startable(self, h: _Held, now: float) -> bool:
+        """Whether a leased job may start now: its lease cannot have run out (by our clock,
+        less the margin), and a partitioned job's slot is still held by the same rule."""
+        if now >= h.valid_until:
+            return False
+        return h.job.partition_hash is None or self.keeper is None or self.keeper.holds(
+            h.job.partition_hash)
+
     def _next_job(self, slot: _Slot) -> _Held | None:
         while True:
+            stale: list[_Held] = []
+            h: _Held | None = None
+            free = 0  # > 0: this slot became the fetcher
             with self._lock:
                 while True:
                     if self._stopping:
-                        return None
+                        break
                     if self._ready:
-                        h = self._held.get(self._ready.popleft())
-                        if h is None:
+                        nxt = self._held.get(self._ready.popleft())
+                        if nxt is None:
                             continue  # its lease was lost before it started
-                        h.started = time.monotonic()
-                        h.deadline = h.started + h.job.timeout
-                        h.slot = slot
+                        now = time.monotonic()
+                        if not self._startable(nxt, now):
+                            del self._held[nxt.job.id]
+                            stale.append(nxt)
+                            continue
+                        nxt.started = now
+                        nxt.deadline = nxt.started + nxt.job.timeout
+                        nxt.slot = slot
                         self._running += 1
-                        return h
+                        h = nxt
+                        break
                     if len(self._acks) >= self.ack_batch:
                         # Back-pressure: while the database is not taking our completions,
                         # claiming more would only pile up leases to renew.
@@ -294,17 +326,25 @@ class Worker:
                         continue
                     if not self._fetching:
                         self._fetching = True
-                        free = self.concurrency - self._running
+                        free = max(1, self.concurrency - self._running)
                         break
                     self._cond.wait(0.5)
+            if stale:
+                self._drop_stale(stale)
+            if h is not None:
+                return h
+            if not free:
+                return None  # stopping
+            sent = time.monotonic()
             jobs = self._fetch(free)
             with self._lock:
                 self._fetching = False
                 late: list[ClaimedJob] = []
                 if self._stopping:
                     late, jobs = jobs, []
+                valid_until = sent + self.lease - self.margin
                 for job in jobs:
-                    self._held[job.id] = _Held(job)
+                    self._held[job.id] = _Held(job, valid_until)
                     self._ready.append(job.id)
                 self.stats.claimed += len(jobs)
                 self._cond.notify_all()
@@ -312,9 +352,28 @@ class Worker:
                 # Claimed while a stop began: give them back unstarted.
                 self._release(late, refund=True)
 
+    def _drop_stale(self, stale: list[_Held]) -> None:
+        """Leased jobs that may no longer be ours to start (see _startable): give back the
+        ones whose lease is still valid, unstarted; the others were re-offered already."""
+        for h in stale:
+            h.lost = True
+        self.stats.extra["stale"] = self.stats.extra.get("stale", 0) + len(stale)
+        log.warning("leased jobs dropped unstarted: their lease or slot may have run out",
+                    extra={"event": "job.dropped", "jobs": [h.job.id for h in stale][:50],
+                           "count": len(stale)})
+        self._release([h.job for h in stale], refund=True)
+
     def _fetch(self, free: int) -> list[ClaimedJob]:
         """Claim the next batch; completions waiting to be written go in the same
         transaction (one commit per batch instead of two)."""
+        if self._recheck and self.keeper is not None:
+            # After a pause: learn which slots are still ours before claiming for them.
+            self._recheck = False
+            try:
+                self._partition_round()
+            except Exception as exc:  # noqa: BLE001 - the supervisor tries again
+                log.warning("partition round failed", extra={"event": "partition.error",
+                                                             "error": str(exc)})
         done = self._take_acks()
         try:
             accepted, jobs = self.producer.claim(self.producer.batch_size(free), done)
@@ -477,16 +536,53 @@ class Worker:
     def _supervise_loop(self) -> None:
         tick = min(0.1, self.heartbeat / 4)
         next_beat = time.monotonic() + self.heartbeat
+        last = time.monotonic()
         while not self._closed.wait(tick):
             try:
+                now = time.monotonic()
+                gap, last = now - last, now
+                if gap > tick + self.heartbeat:
+                    self._after_pause(gap)
+                    next_beat = now  # renew what is left at once
                 self._check_timeouts()
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.heartbeat
                     self._renew_leases()
                     if self.keeper is not None:
-                        self.keeper.run_once()
+                        self._partition_round()
             except Exception:  # a dead supervisor would let every lease expire
                 log.exception("supervisor round failed", extra={"event": "supervisor.error"})
+
+    def _after_pause(self, gap: float) -> None:
+        """The process did not run for ``gap`` s (stopped, or starved): any lease may have
+        run out meanwhile. Drop every leased job not yet started (giving back those whose
+        lease is still valid) and renew the slots before the next claim."""
+        with self._lock:
+            unstarted = [self._held.pop(i) for i in self._ready
+                         if (h := self._held.get(i)) is not None and h.started is None]
+            self._ready.clear()
+            self._recheck = True
+        log.warning("the worker was paused: unstarted jobs dropped, slots re-checked", extra={
+            "event": "worker.paused", "seconds": round(gap, 3), "dropped": len(unstarted)})
+        if unstarted:
+            self._drop_stale(unstarted)
+
+    def _partition_round(self) -> None:
+        """Renew the slots (take more while standing by); give back the unstarted jobs
+        of slots lost, and of slots no longer live by our clock."""
+        assert self.keeper is not None
+        self.keeper.run_once()
+        with self._lock:
+            now = time.monotonic()
+            stale = [h for i in self._ready if (h := self._held.get(i)) is not None
+                     and not self._startable(h, now)]
+            for h in stale:
+                del self._held[h.job.id]
+            if stale:
+                gone = {h.job.id for h in stale}
+                self._ready = deque(i for i in self._ready if i not in gone)
+        if stale:
+            self._drop_stale(stale)
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
@@ -525,6 +621,7 @@ class Worker:
             pairs = [(i, h.job.lease_token) for i, h in self._held.items() if not h.finished]
         if not pairs:
             return
+        sent = time.monotonic()
         try:
             with self._batch_write:
                 renewed = self.backend.job_heartbeat(pairs, self.lease)
@@ -533,10 +630,14 @@ class Worker:
                         exc_info=not isinstance(exc, JustonceError))
             return
         lost = []
+        valid_until = sent + self.lease - self.margin
         with self._lock:
             for job_id, token in pairs:
                 h = self._held.get(job_id)
-                if job_id in renewed or h is None or h.finished or h.job.lease_token != token:
+                if h is None or h.finished or h.job.lease_token != token:
+                    continue
+                if job_id in renewed:
+                    h.valid_until = max(h.valid_until, valid_until)
                     continue
                 h.lost = True
                 lost.append(h)

@@ -347,12 +347,14 @@ class PostgresBackend(EffectStore):
         params: dict[str, Any] = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
         if partitions is None:
             return "job_claim", params
-        params.update(n=partitions[0], slots=list(partitions[1]))
+        params.update(set=partitions.set_name, n=partitions.n,
+                      slots=[s for s, _ in partitions.slots],
+                      tokens=[t for _, t in partitions.slots])
         return "job_claim_partitioned", params
 
     def job_claim(self, queue: str, limit: int, owner: str, lease: float,
                   partitions: Partitioning | None = None) -> list[ClaimedJob]:
-        if partitions is not None and not partitions[1]:
+        if partitions is not None and not partitions.slots:
             return []
         return _claimed(self._fetch(*self._claim_params(queue, limit, owner, lease, partitions)))
 
@@ -384,7 +386,7 @@ class PostgresBackend(EffectStore):
     ) -> tuple[set[int], list[ClaimedJob]]:
         if not done:
             return set(), self.job_claim(queue, limit, owner, lease, partitions)
-        if partitions is not None and not partitions[1]:
+        if partitions is not None and not partitions.slots:
             return self.job_complete_many(done), []
         if partitions is not None or any(c.batch_item for c in done):
             # Two statements in one transaction: the claim must see the completions (the
@@ -604,11 +606,11 @@ def _read_committed(conn: psycopg.Connection) -> None:
 
 def _claimed(rows: list[Any]) -> list[ClaimedJob]:
     """Rows of (id, queue, task, args text, kwargs text, attempts, max_attempts, timeout,
-    lease_token, priority, batch_item) in claim order."""
+    lease_token, priority, batch_item, partition_hash) in claim order."""
     rows.sort(key=lambda r: (r[9], r[0]))
     decoded = decode_arguments([(r[3], r[4]) for r in rows])
     return [
-        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8], r[10])
+        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8], r[10], r[11])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 

@@ -113,7 +113,7 @@ UPDATE justonce_jobs j
 
 -- name: claim_returning
 RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
-          j.timeout, j.lease_token, j.priority, j.batch_item
+          j.timeout, j.lease_token, j.priority, j.batch_item, j.partition_hash
 
 -- name: job_claim
 -- Lock up to %(limit)s ready jobs of ONE queue in (priority, id) order, skipping rows
@@ -131,16 +131,28 @@ RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max
 {{claim_returning}}
 
 -- name: job_claim_partitioned
--- The claim of a worker holding slots %(slots)s of %(n)s: ready jobs whose partition_hash
--- falls in those slots, oldest first, and only the first live job of each key: a job waits
--- while any job of its key runs (whatever its id: ids are drawn at insert, jobs become
--- visible at commit) or an earlier one is scheduled or ready. One job per key at a time,
--- in enqueue order, retries included.
+-- The claim of a worker that holds slots %(slots)s of set %(set)s (n = %(n)s) with tokens
+-- %(tokens)s. The fence is in this statement: only slots whose token is still the caller's
+-- and whose lease has not expired by the database's clock count, and their rows are held
+-- FOR SHARE until commit, so a standby's takeover (lease_take skips locked rows) cannot
+-- commit before this claim does, however long the claimer is paused in between. A claim
+-- that commits late leases jobs whose lease (from the transaction's start) may already
+-- have run out: the worker drops those unstarted by its own monotonic clock.
+-- Then: ready jobs of those slots, oldest first, and only the first live job of each key:
+-- a job waits while any job of its key runs (whatever its id: ids are drawn at insert,
+-- jobs become visible at commit) or an earlier one is scheduled or ready. One job per key
+-- at a time, in enqueue order, retries included.
 {{claim_lease}}
  WHERE j.id = ANY(ARRAY(
            SELECT c.id FROM justonce_jobs c
             WHERE c.state = 'ready' AND c.queue = %(queue)s AND c.partition_hash IS NOT NULL
-              AND mod(mod(c.partition_hash, %(n)s) + %(n)s, %(n)s) = ANY(%(slots)s::int[])
+              AND mod(mod(c.partition_hash, %(n)s) + %(n)s, %(n)s) = ANY(ARRAY(
+                    SELECT l.slot FROM justonce_partition_leases l
+                      JOIN unnest(%(slots)s::int[], %(tokens)s::bigint[]) AS m(slot, token)
+                        ON l.slot = m.slot AND l.token = m.token
+                     WHERE l.set_name = %(set)s AND l.owner IS NOT NULL
+                       AND l.expires_at > clock_timestamp()
+                       FOR SHARE OF l))
               AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
                                WHERE e.partition_key = c.partition_key AND e.partition_hash IS NOT NULL
                                  AND e.state IN ('scheduled','ready','running')  -- the partial index's own condition
@@ -172,11 +184,11 @@ WITH done AS (
 SELECT 'done' AS kind, id, NULL::text AS queue, NULL::text AS task, NULL::text AS args,
        NULL::text AS kwargs, NULL::int AS attempts, NULL::int AS max_attempts,
        NULL::float8 AS timeout, NULL::bigint AS lease_token, NULL::smallint AS priority,
-       NULL::text AS batch_item
+       NULL::text AS batch_item, NULL::bigint AS partition_hash
   FROM done
 UNION ALL
 SELECT 'claimed', id, queue, task, args, kwargs, attempts, max_attempts, timeout,
-       lease_token, priority, batch_item
+       lease_token, priority, batch_item, partition_hash
   FROM claimed
 
 -- name: job_fail
@@ -516,10 +528,14 @@ UPDATE justonce_partition_leases l
 RETURNING l.slot, l.token, l.expires_at
 
 -- name: lease_renew
+-- Only a live lease is renewed: once it has expired by the database's clock its token is
+-- spent (a standby may be taking the slot right now), and the holder must acquire anew.
+-- Each token's tenure is then one unbroken interval.
 UPDATE justonce_partition_leases
    SET expires_at = clock_timestamp() + %(lease)s::float8 * interval '1 second',
        renewed_at = clock_timestamp()
  WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
+   AND expires_at > clock_timestamp()
 RETURNING expires_at
 
 -- name: lease_release
@@ -529,8 +545,10 @@ RETURNING slot
 
 -- name: lease_fence
 -- FOR SHARE: a takeover (an UPDATE of this row) waits until the caller's transaction ends.
+-- An expired lease fails the fence even before anyone took the slot over.
 SELECT 1 FROM justonce_partition_leases
  WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
+   AND expires_at > clock_timestamp()
    FOR SHARE
 
 -- name: lease_list

@@ -368,12 +368,13 @@ class SQLiteBackend(EffectStore):
         params: dict[str, Any] = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
         if partitions is None:
             return Q["job_claim"], params
-        params.update(n=partitions[0], slots=json.dumps(list(partitions[1])))
+        params.update(set=partitions.set_name, n=partitions.n,
+                      slots=json.dumps([list(pair) for pair in partitions.slots]))
         return Q["job_claim_partitioned"], params
 
     def job_claim(self, queue: str, limit: int, owner: str, lease: float,
                   partitions: Partitioning | None = None) -> list[ClaimedJob]:
-        if partitions is not None and not partitions[1]:
+        if partitions is not None and not partitions.slots:
             return []
         sql, params = self._claim_query(queue, limit, owner, lease, partitions)
         # A read first: an empty claim would otherwise take the one write lock for nothing,
@@ -401,7 +402,7 @@ class SQLiteBackend(EffectStore):
     ) -> tuple[set[int], list[ClaimedJob]]:
         if not done:
             return set(), self.job_claim(queue, limit, owner, lease, partitions)
-        if partitions is not None and not partitions[1]:
+        if partitions is not None and not partitions.slots:
             return self.job_complete_many(done), []
         sql, params = self._claim_query(queue, limit, owner, lease, partitions)
 
@@ -645,7 +646,7 @@ def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
     decoded = decode_arguments([(r["args"], r["kwargs"]) for r in rows])
     return [
         ClaimedJob(r["id"], r["queue"], r["task"], a, k, r["attempts"], r["max_attempts"],
-                   r["timeout"], r["lease_token"], r["batch_item"])
+                   r["timeout"], r["lease_token"], r["batch_item"], r["partition_hash"])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 

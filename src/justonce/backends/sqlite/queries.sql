@@ -67,7 +67,8 @@ UPDATE justonce_jobs
        started_at = NOW()
 
 -- name: claim_returning
-RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item
+RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item,
+          partition_hash
 
 -- name: job_claim
 {{claim_lease}}
@@ -78,11 +79,18 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
 {{claim_returning}}
 
 -- name: job_claim_partitioned
--- A worker holding slots :slots (a JSON array) of :n: see the PostgreSQL twin for the rule.
+-- A worker holding :slots (a JSON array of [slot, token]) of set :set (n = :n): see the
+-- PostgreSQL twin for the rule. The fence needs no row lock here: this statement runs
+-- under the file's one write lock, so no takeover can commit until it has.
 {{claim_lease}}
  WHERE id IN (SELECT c.id FROM justonce_jobs c
                WHERE c.state = 'ready' AND c.queue = :queue AND c.partition_hash IS NOT NULL
-                 AND (((c.partition_hash % :n) + :n) % :n) IN (SELECT value FROM json_each(:slots))
+                 AND (((c.partition_hash % :n) + :n) % :n) IN (
+                       SELECT l.slot FROM justonce_partition_leases l
+                         JOIN json_each(:slots) AS m
+                           ON l.slot = json_extract(m.value, '$[0]')
+                          AND l.token = json_extract(m.value, '$[1]')
+                        WHERE l.set_name = :set AND l.owner IS NOT NULL AND l.expires_at > NOW())
                  AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
                                   WHERE e.partition_key = c.partition_key AND e.partition_hash IS NOT NULL
                                     AND e.state IN ('scheduled','ready','running')  -- the partial index's own condition
@@ -365,8 +373,10 @@ UPDATE justonce_partition_leases
 RETURNING slot, token, expires_at
 
 -- name: lease_renew
+-- Only a live lease is renewed (see the PostgreSQL twin).
 UPDATE justonce_partition_leases SET expires_at = NOW() + :lease, renewed_at = NOW()
  WHERE set_name = :set AND slot = :slot AND token = :token AND owner IS NOT NULL
+   AND expires_at > NOW()
 RETURNING expires_at
 
 -- name: lease_release
@@ -378,6 +388,7 @@ RETURNING slot
 -- In the caller's write transaction no takeover can commit before it ends.
 SELECT 1 FROM justonce_partition_leases
  WHERE set_name = :set AND slot = :slot AND token = :token AND owner IS NOT NULL
+   AND expires_at > NOW()
 
 -- name: lease_list
 SELECT l.set_name, s.n, l.slot, l.owner, l.token, l.expires_at,
