@@ -56,6 +56,7 @@ Q = load_queries(HERE / "queries.sql")
 MIGRATIONS = migration_files(HERE / "migrations")
 LATEST = MIGRATIONS[-1][0]
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_OPEN = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 T = TypeVar("T")
 
 
@@ -165,10 +166,20 @@ class PostgresBackend(EffectStore):
             with self._get_pool().connection() as conn:
                 if self._local_schema is None or not scoped:
                     yield conn
-                else:
-                    with conn.transaction():
-                        conn.execute(Q["search_path_local"], {"schema": self._local_schema})
-                        yield conn
+                    return
+                # BEGIN and the schema in one round trip (psycopg's transaction() would
+                # send its BEGIN alone); the block's own transaction() calls nest as
+                # savepoints.
+                with conn.pipeline():
+                    conn.execute(Q["tx_begin"])
+                    conn.execute(Q["search_path_local"], {"schema": self._local_schema})
+                try:
+                    yield conn
+                except BaseException:
+                    if conn.info.transaction_status in _OPEN:  # not on a broken connection
+                        conn.rollback()
+                    raise
+                conn.commit()
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no PostgreSQL connection available: {exc}") from exc
         except psycopg.errors.LockNotAvailable as exc:  # lock_timeout: the connection is fine
@@ -184,12 +195,13 @@ class PostgresBackend(EffectStore):
                 cur.execute(Q[name], params)
                 return cur.fetchall() if cur.description else []
             # Statements sent before one Sync share an implicit transaction: the schema set
-            # by the first holds for the second alone, and costs no extra round trip.
-            with conn.pipeline() as pipeline:
+            # by the first holds for the second alone. Leaving the pipeline sends the one
+            # Sync and reads both results (an explicit sync() inside would be a second
+            # round trip).
+            with conn.pipeline():
                 conn.execute(Q["search_path_local"], {"schema": self._local_schema})
                 cur.execute(Q[name], params)
-                pipeline.sync()
-                return cur.fetchall() if cur.description else []
+            return cur.fetchall() if cur.description else []
 
     def _ensure_schema(self) -> None:
         if self._schema_ok:

@@ -313,6 +313,11 @@ SELECT now()
 -- name: search_path_local
 SELECT set_config('search_path', %(schema)s, true)
 
+-- The transaction that search_path_local is set in, when it spans several statements. The
+-- level is named here as psycopg names it in its own BEGIN (see _read_committed).
+-- name: tx_begin
+BEGIN ISOLATION LEVEL READ COMMITTED
+
 -- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
 -- statements are its PostgreSQL dialect. List parameters are JSON documents. The planner
 -- guesses 100 rows for jsonb_array_elements, which can turn a look-up of two batches into
