@@ -46,6 +46,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _pgbouncer() -> str | None:
+    # Debian installs it in /usr/sbin, which a non-root PATH may lack.
+    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+
+
 def _start_pgbouncer(server_url: str, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     """A pgbouncer in transaction mode in front of ``server_url``; returns the process and
     the URL of the same database through it."""
@@ -68,7 +73,7 @@ pool_mode = transaction
 default_pool_size = {POOL_SIZE}
 max_client_conn = 500
 """)
-    cmd = ["pgbouncer", str(folder / "pgbouncer.ini")]
+    cmd = [_pgbouncer() or "pgbouncer", str(folder / "pgbouncer.ini")]
     if os.geteuid() == 0:  # pgbouncer refuses to run as root; it reads its files first
         cmd[1:1] = ["-u", "postgres"]
     log = open(folder / "pgbouncer.log", "wb")  # noqa: SIM115 - the process keeps it
@@ -94,7 +99,7 @@ max_client_conn = 500
 @pytest.fixture(scope="module")
 def bouncer(pg_server_url: str) -> Iterator[str]:
     """The test database's URL through a pgbouncer this module starts (and stops)."""
-    if shutil.which("pgbouncer") is None:
+    if _pgbouncer() is None:
         msg = "pgbouncer is not installed (apt-get install pgbouncer)"
         if REQUIRE_PG:
             pytest.fail(msg + " (JUSTONCE_REQUIRE_POSTGRES=1)", pytrace=False)
