@@ -101,6 +101,11 @@ def noop() -> None:
 
 
 @app.task
+def accept(*args: Any, **kwargs: Any) -> None:
+    """Takes any arguments (a batch callback's ``batch=``) and does nothing."""
+
+
+@app.task
 def record(n: int) -> int:
     _write(n, "done")
     return n

@@ -1,8 +1,10 @@
 """PostgreSQL backend: the production backend, shared by any number of worker hosts.
 
 Claims use ``FOR UPDATE SKIP LOCKED``; idle workers wake on ``LISTEN/NOTIFY`` and poll
-as a fallback. Only transaction-scoped locks are used, so the backend works behind
-PgBouncer in transaction mode (where LISTEN does not: run workers with ``listen=False``).
+as a fallback. Only transaction-scoped locks and settings are used. Behind PgBouncer in
+transaction mode, ``?pgbouncer=1`` turns off the three pieces of session state the direct
+path keeps: psycopg's server-side prepared statements, the ``search_path`` startup option
+that ``?schema=`` sets, and LISTEN (workers poll instead).
 """
 
 from __future__ import annotations
@@ -54,11 +56,13 @@ Q = load_queries(HERE / "queries.sql")
 MIGRATIONS = migration_files(HERE / "migrations")
 LATEST = MIGRATIONS[-1][0]
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_OPEN = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 T = TypeVar("T")
 
 
 def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
-    """Split justonce's own options (``schema``, ``pool_size``) from the libpq URL."""
+    """Split justonce's own options (``schema``, ``pool_size``, ``pgbouncer``) from the
+    libpq URL: (conninfo, schema, the other options as given)."""
     parts = urlsplit(url)
     if not parts.hostname and not parts.path.strip("/") and "host=" not in parts.query:
         raise ConfigurationError(
@@ -69,12 +73,28 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     except ValueError:
         raise ConfigurationError(f"malformed port in PostgreSQL URL {url!r}") from None
     query = dict(parse_qsl(parts.query))
-    ours: dict[str, str] = {k: query.pop(k) for k in ("schema", "pool_size") if k in query}
+    ours: dict[str, str] = {
+        k: query.pop(k) for k in ("schema", "pool_size", "pgbouncer") if k in query
+    }
     schema = ours.pop("schema", None)
     if schema is not None and not _SCHEMA.match(schema):
         raise ConfigurationError(f"schema {schema!r} must match {_SCHEMA.pattern}")
+    if "pgbouncer" in ours:
+        pgbouncer_mode(ours)  # refuse a misspelt value at once
     conninfo = urlunsplit(parts._replace(query=urlencode(query)))
     return conninfo, schema, ours
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def pgbouncer_mode(options: dict[str, str]) -> bool:
+    """The ``pgbouncer`` URL option as a flag (absent = off)."""
+    value = options.get("pgbouncer", "0").lower()
+    if value not in _TRUE | _FALSE:
+        raise ConfigurationError(f"pgbouncer must be 1 or 0 (true/false, yes/no), not {value!r}")
+    return value in _TRUE
 
 
 class PostgresBackend(EffectStore):
@@ -91,8 +111,22 @@ class PostgresBackend(EffectStore):
             raise ConfigurationError(f"pool_size must be in [1, 1000], not {self.pool_size}")
         self.channel = "justonce" if self.schema is None else f"justonce.{self.schema}"
         self.connect_timeout = connect_timeout
+        self.pgbouncer = pgbouncer_mode(extra)
         self._kwargs: dict[str, Any] = {"autocommit": True}
-        if self.schema:
+        # The schema of every transaction we run, when it cannot be the connection's own.
+        self._local_schema: str | None = None
+        if self.pgbouncer:
+            # PgBouncer (transaction mode) gives each of our transactions whichever server
+            # connection is free. A statement psycopg prepared (it does after 5 runs) lives
+            # on one server connection: elsewhere it "does not exist", or another client's
+            # "already exists". So nothing is prepared.
+            self._kwargs["prepare_threshold"] = None
+            # PgBouncer 1.18 refuses the `options` startup parameter (or, told to ignore it,
+            # drops it: the tables would silently resolve in `public`). The schema is set
+            # in each transaction instead (see _connection and _fetch).
+            self._local_schema = self.schema
+        elif self.schema:
+            # Set once per connection at startup: no statement, no round trip.
             self._kwargs["options"] = f"-c search_path={self.schema}"
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
@@ -121,12 +155,31 @@ class PostgresBackend(EffectStore):
         return self._pool
 
     @contextmanager
-    def _connection(self, schema: bool = True) -> Iterator[psycopg.Connection]:
+    def _connection(self, schema: bool = True, scoped: bool = True) -> Iterator[psycopg.Connection]:
+        """A pooled connection. Behind PgBouncer with a schema (``scoped``), everything run
+        on it is one transaction that starts by setting the schema for that transaction;
+        ``scoped=False`` leaves that to the caller (_fetch does it in the same round trip
+        as its statement)."""
         if schema:
             self._ensure_schema()
         try:
             with self._get_pool().connection() as conn:
-                yield conn
+                if self._local_schema is None or not scoped:
+                    yield conn
+                    return
+                # BEGIN and the schema in one round trip (psycopg's transaction() would
+                # send its BEGIN alone); the block's own transaction() calls nest as
+                # savepoints.
+                with conn.pipeline():
+                    conn.execute(Q["tx_begin"])
+                    conn.execute(Q["search_path_local"], {"schema": self._local_schema})
+                try:
+                    yield conn
+                except BaseException:
+                    if conn.info.transaction_status in _OPEN:  # not on a broken connection
+                        conn.rollback()
+                    raise
+                conn.commit()
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no PostgreSQL connection available: {exc}") from exc
         except psycopg.errors.LockNotAvailable as exc:  # lock_timeout: the connection is fine
@@ -136,9 +189,18 @@ class PostgresBackend(EffectStore):
             raise DatabaseUnavailable(f"PostgreSQL: {str(exc).strip()}") from exc
 
     def _fetch(self, name: str, params: dict[str, Any], *, dicts: bool = False) -> list[Any]:
-        with self._connection() as conn:
+        with self._connection(scoped=False) as conn:
             cur = conn.cursor(row_factory=dict_row if dicts else tuple_row)
-            cur.execute(Q[name], params)
+            if self._local_schema is None:
+                cur.execute(Q[name], params)
+                return cur.fetchall() if cur.description else []
+            # Statements sent before one Sync share an implicit transaction: the schema set
+            # by the first holds for the second alone. Leaving the pipeline sends the one
+            # Sync and reads both results (an explicit sync() inside would be a second
+            # round trip).
+            with conn.pipeline():
+                conn.execute(Q["search_path_local"], {"schema": self._local_schema})
+                cur.execute(Q[name], params)
             return cur.fetchall() if cur.description else []
 
     def _ensure_schema(self) -> None:
@@ -222,7 +284,7 @@ class PostgresBackend(EffectStore):
         if conn is not None:
             return fn(self._caller_connection(conn))
         with self._connection() as c:
-            if not atomic:
+            if not atomic or self._local_schema is not None:  # (there, c is in one already)
                 return fn(c)
             with c.transaction():
                 return fn(c)
@@ -567,7 +629,9 @@ class PostgresBackend(EffectStore):
         return self._insert_batch(c, template, args_doc, kwargs_doc, item_prefix)
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> PostgresWaiter:
-        return PostgresWaiter(self, queues, listen)
+        # Behind PgBouncer a LISTEN lands on a server connection that is handed to another
+        # client when the statement ends: no notification would ever come. Poll instead.
+        return PostgresWaiter(self, queues, listen and not self.pgbouncer)
 
     def now(self) -> datetime:
         return self._fetch("db_now", {})[0][0]
@@ -600,7 +664,9 @@ def _lock_timeout(c: psycopg.Connection, seconds: float) -> Iterator[None]:
 
 def _read_committed(conn: psycopg.Connection) -> None:
     """READ COMMITTED whatever the server's or role's default: batch completion relies on
-    each statement seeing what committed before it started (see batchstore.py)."""
+    each statement seeing what committed before it started (see batchstore.py). psycopg
+    sends nothing here; it names the level in each BEGIN (`BEGIN ISOLATION LEVEL READ
+    COMMITTED`), so this is no session state either."""
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
 
 

@@ -319,6 +319,17 @@ RETURNING name
 -- name: db_now
 SELECT now()
 
+-- Behind PgBouncer (?pgbouncer=1) the schema cannot ride on the connection: set it for
+-- the current transaction only (is_local = true), so it never outlives our transaction on
+-- a server connection that PgBouncer hands to another client next.
+-- name: search_path_local
+SELECT set_config('search_path', %(schema)s, true)
+
+-- The transaction that search_path_local is set in, when it spans several statements. The
+-- level is named here as psycopg names it in its own BEGIN (see _read_committed).
+-- name: tx_begin
+BEGIN ISOLATION LEVEL READ COMMITTED
+
 -- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
 -- statements are its PostgreSQL dialect. List parameters are JSON documents. The planner
 -- guesses 100 rows for jsonb_array_elements, which can turn a look-up of two batches into
