@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -106,24 +106,26 @@ class Fleet:
         self.procs: list[WorkerProc] = []
 
     def command(self, *, concurrency: int, lease: float, heartbeat: float, grace: float,
-                poll: float, housekeeping_interval: float) -> list[str]:
+                poll: float, housekeeping_interval: float, extra: Sequence[str] = ()) -> list[str]:
         return [
             sys.executable, "-m", "justonce", "worker", "--app", "proc_app:app",
             "--database-url", self.url, "--concurrency", str(concurrency),
             "--lease", str(lease), "--heartbeat", str(heartbeat), "--grace", str(grace),
             "--poll", str(poll), "--housekeeping-interval", str(housekeeping_interval),
-            "--log-level", "INFO",
+            "--log-level", "INFO", *extra,
         ]
 
     def start(self, *, concurrency: int = 2, lease: float = LEASE, heartbeat: float = HEARTBEAT,
               grace: float = 10.0, poll: float = POLL, housekeeping_interval: float = HOUSEKEEPING,
-              ready: bool = True) -> WorkerProc:
+              ready: bool = True, extra: Sequence[str] = ()) -> WorkerProc:
+        """Start one worker; ``extra``: more command-line options (``--partitions …``)."""
         env = dict(os.environ)
         env.pop("JUSTONCE_DATABASE_URL", None)  # --database-url alone says where
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
         log = self.folder / f"worker-{len(self.procs)}.log"
         cmd = self.command(concurrency=concurrency, lease=lease, heartbeat=heartbeat,
-                           grace=grace, poll=poll, housekeeping_interval=housekeeping_interval)
+                           grace=grace, poll=poll, housekeeping_interval=housekeeping_interval,
+                           extra=extra)
         with open(log, "wb") as err:
             popen = subprocess.Popen(cmd, cwd=self.folder, env=env, stdin=subprocess.DEVNULL,
                                      stdout=err, stderr=err, start_new_session=True)
