@@ -118,7 +118,7 @@ class Fleet:
     def start(self, *, concurrency: int = 2, lease: float = LEASE, heartbeat: float = HEARTBEAT,
               grace: float = 10.0, poll: float = POLL, housekeeping_interval: float = HOUSEKEEPING,
               ready: bool = True, extra: Sequence[str] = ()) -> WorkerProc:
-        """One worker; ``extra`` are more ``justonce worker`` options (``--no-listen``)."""
+        """One worker; ``extra``: more ``justonce worker`` options (``--no-listen``, ``--partitions …``)."""
         env = dict(os.environ)
         env.pop("JUSTONCE_DATABASE_URL", None)  # --database-url alone says where
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))

@@ -9,6 +9,7 @@ helpers below are shared by the tasks (in the workers) and the tests (to read it
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -407,3 +408,89 @@ def hang_in_effect(url: str, scope: str, key: int, policy: str, lease: float) ->
         time.sleep(600)
 
     own.effects.run(scope, key, effect, policy=policy, lease=lease)
+
+
+# -- for the takeover test (tests/test_partition_takeover.py) -------------------------------
+
+TAKEOVER_DDL = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS takeover_log (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+              " exec TEXT, n INTEGER, key TEXT, pid INTEGER, event TEXT, at REAL, db_at REAL,"
+              " job_id INTEGER, state TEXT, attempts INTEGER, owner TEXT, lease_expires REAL)",
+    "postgres": "CREATE TABLE IF NOT EXISTS takeover_log (id bigint GENERATED ALWAYS AS IDENTITY"
+                " PRIMARY KEY, exec text, n int, key text, pid int, event text, at float8,"
+                " db_at float8, job_id bigint, state text, attempts int, owner text,"
+                " lease_expires float8)",
+}
+# The job's own row as its code starts, found by the job's unique key (a task is not told
+# its job id): NULL columns mean the job was no longer live (it had succeeded elsewhere).
+_TAKEOVER_START = {
+    "sqlite": "INSERT INTO takeover_log (exec, n, key, pid, event, at, db_at, job_id, state,"
+              " attempts, owner, lease_expires)"
+              f" SELECT ?, ?, ?, ?, 'start', ?, {DB_NOW['sqlite']}, j.id, j.state, j.attempts,"
+              " j.lease_owner, j.lease_expires_at"
+              " FROM (SELECT 1) AS one LEFT JOIN justonce_jobs j"
+              " ON j.key = ? AND j.state IN ('scheduled','ready','running')",
+    "postgres": "INSERT INTO takeover_log (exec, n, key, pid, event, at, db_at, job_id, state,"
+                " attempts, owner, lease_expires)"
+                f" SELECT %s, %s, %s, %s, 'start', %s, {DB_NOW['postgres']}, j.id, j.state,"
+                " j.attempts, j.lease_owner, extract(epoch from j.lease_expires_at)::float8"
+                " FROM (SELECT 1) AS one LEFT JOIN justonce_jobs j"
+                " ON j.key = %s AND j.state IN ('scheduled','ready','running')",
+}
+_TAKEOVER_END = ("INSERT INTO takeover_log (exec, n, key, pid, event, at) "
+                 "VALUES (?, ?, ?, ?, 'end', ?)")
+_executions = itertools.count()
+
+
+def takeover_job_key(n: int) -> str:
+    """The unique job key of takeover job ``n``, by which its code finds its own row."""
+    return f"takeover:{n}"
+
+
+def create_takeover_log(url: str) -> None:
+    conn = ledger_connect(url)
+    try:
+        conn.execute(TAKEOVER_DDL[dialect(conn)])
+    finally:
+        conn.close()
+
+
+def takeover_rows(url: str) -> list[tuple[Any, ...]]:
+    """(exec, n, key, pid, event, at, db_at, job_id, state, attempts, owner, lease_expires)."""
+    conn = ledger_connect(url)
+    try:
+        return [tuple(r) for r in conn.execute(
+            "SELECT exec, n, key, pid, event, at, db_at, job_id, state, attempts, owner,"
+            " lease_expires FROM takeover_log ORDER BY id").fetchall()]
+    finally:
+        conn.close()
+
+
+def _run_on_ledger(statement: dict[str, str] | str, params: tuple[Any, ...]) -> None:
+    """Like _exec, with a statement per dialect."""
+    for attempt in (1, 2):
+        conn = getattr(_local, "conn", None)
+        if conn is None:
+            conn = _local.conn = ledger_connect(app.database_url)
+        sql = statement[dialect(conn)] if isinstance(statement, dict) else _sql(conn, statement)
+        try:
+            conn.execute(sql, params)
+            return
+        except Exception:
+            _local.conn = None
+            if attempt == 2:
+                raise
+
+
+@app.task(queue="takeover")
+def takeover_step(n: int, key: str, seconds: float) -> int:
+    """Record a start row (with a look at the job's own lease, taken as the code begins)
+    BEFORE working, so a frozen or zombie execution shows its start; then work for
+    ``seconds`` and record the end. Times are time.time(): the clock the database uses on
+    this machine."""
+    began = time.time()
+    run = f"{os.getpid()}-{next(_executions)}"
+    _run_on_ledger(_TAKEOVER_START, (run, n, key, os.getpid(), began, takeover_job_key(n)))
+    time.sleep(seconds)
+    _run_on_ledger(_TAKEOVER_END, (run, n, key, os.getpid(), time.time()))
+    return os.getpid()
