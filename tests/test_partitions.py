@@ -406,6 +406,39 @@ def test_an_uncommitted_partitioned_claim_keeps_a_standby_off_its_slot(app: App,
     assert standby is not None and standby.token == lease.token + 1
 
 
+def test_a_claim_left_uncommitted_by_a_frozen_worker_frees_its_slot_after_a_lease(
+    app: App, db_url: str
+) -> None:
+    """Postgres: a claim that shares its transaction with completions sets the session's
+    idle-in-transaction timeout to the lease, so a worker frozen between its claim and its
+    COMMIT holds its slots' rows for one lease at most: then the server ends the session,
+    the claim rolls back, and a standby takes the slot."""
+    if not db_url.startswith("postgres"):
+        pytest.skip("SQLite: a process frozen inside a write transaction stalls the file (README)")
+    import psycopg
+
+    from justonce.backends.postgres.backend import Q
+    from justonce.errors import DatabaseUnavailable
+
+    @app.task
+    def step(key: int) -> None: ...
+
+    job = app.enqueue(step, [3], partition_key=3)
+    lease = app.partitions.try_acquire("jobs", 1, lease=0.3)
+    assert lease is not None
+    name, params = app.backend._claim_params(
+        "default", 10, "frozen", 0.3, SlotFence("jobs", 1, ((lease.slot, lease.token),)))
+    took = None
+    with pytest.raises((psycopg.Error, DatabaseUnavailable)), app.backend._connection() as conn, \
+            conn.transaction():
+        conn.execute(Q["idle_timeout_local"], {"ms": "300ms"})
+        assert [r[0] for r in conn.execute(Q[name], params).fetchall()] == [job.id]
+        time.sleep(1.0)  # frozen before COMMIT, past the lease and the idle timeout
+        took = app.partitions.try_acquire("jobs", 1, lease=30)
+    assert took is not None and took.token == lease.token + 1
+    assert app.get_job(job.id).state is JobState.READY  # the claim rolled back
+
+
 def test_changing_n_fences_the_holders_of_the_old_n(app: App, db_url: str) -> None:
     zombie = app.partitions.try_acquire("grow", 4, lease=0.2)
     for _ in range(3):

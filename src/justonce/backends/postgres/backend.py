@@ -456,7 +456,14 @@ class PostgresBackend(EffectStore):
             name, claim = self._claim_params(queue, limit, owner, lease, partitions)
 
             def run(c: psycopg.Connection) -> tuple[set[int], list[Any]]:
-                accepted = self._complete_items(c, done)
+                # A partitioned claim holds its slots' rows until COMMIT (see the query). If
+                # this process froze between the claim and the COMMIT, no standby could take
+                # those slots until it ran again: the server ends such a session once it has
+                # been idle in this transaction for a lease (sent with the completions, no
+                # extra round trip).
+                with c.pipeline():
+                    c.execute(Q["idle_timeout_local"], {"ms": _ms(lease)})
+                    accepted = self._complete_items(c, done)
                 return accepted, c.cursor(row_factory=tuple_row).execute(Q[name], claim).fetchall()
 
             accepted, rows = self._on(None, run, atomic=True)

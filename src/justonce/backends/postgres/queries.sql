@@ -322,6 +322,11 @@ SELECT now()
 -- Behind PgBouncer (?pgbouncer=1) the schema cannot ride on the connection: set it for
 -- the current transaction only (is_local = true), so it never outlives our transaction on
 -- a server connection that PgBouncer hands to another client next.
+-- name: idle_timeout_local
+-- For this transaction only: the server ends the session if the client leaves it idle
+-- (frozen, say) for longer than this, releasing its row locks.
+SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+
 -- name: search_path_local
 SELECT set_config('search_path', %(schema)s, true)
 
