@@ -6,7 +6,6 @@ user code all see the same behaviour.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,13 +17,12 @@ from .backends import Backend, open_backend, resolve_url
 from .batches import Batches
 from .effects import Effects
 from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
+from .events import Event, emit
 from .models import Job, NewJob, QueueCount
 from .partitions import Partitions, partition_hash
 from .retry import Backoff
 from .tasks import Enqueue, Task
 from .types import JobState
-
-log = logging.getLogger("justonce")
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 20
@@ -231,7 +229,7 @@ class App:
         if job is None:
             current = self.get_job(job_id)
             raise InvalidTransition(f"job {job_id} is {current.state}: only live jobs can be cancelled")
-        log.info("job cancelled", extra={"job_id": job.id})
+        emit(Event.JOB_CANCELLED, "job cancelled", job_id=job.id)
         return job
 
     def retry(self, job_id: int) -> Job:

@@ -108,6 +108,10 @@ class ClaimedJob:
     batch_item: str | None = None
     partition_hash: int | None = None
     """Set on partitioned jobs: the slot is ``partition_hash mod n``."""
+    queue_wait: float | None = None
+    """Seconds the job had been ready (since its ``run_at``) when this claim took it, by
+    the database's clock: the wait that the ``justonce_job_queue_wait_seconds`` metric
+    shows."""
 
 
 @dataclass(frozen=True, slots=True)

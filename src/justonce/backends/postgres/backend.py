@@ -672,11 +672,11 @@ def _read_committed(conn: psycopg.Connection) -> None:
 
 def _claimed(rows: list[Any]) -> list[ClaimedJob]:
     """Rows of (id, queue, task, args text, kwargs text, attempts, max_attempts, timeout,
-    lease_token, priority, batch_item, partition_hash) in claim order."""
+    lease_token, priority, batch_item, partition_hash, queue_wait) in claim order."""
     rows.sort(key=lambda r: (r[9], r[0]))
     decoded = decode_arguments([(r[3], r[4]) for r in rows])
     return [
-        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8], r[10], r[11])
+        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8], r[10], r[11], r[12])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 

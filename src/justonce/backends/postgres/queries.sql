@@ -112,8 +112,10 @@ UPDATE justonce_jobs j
        started_at = now()
 
 -- name: claim_returning
+-- queue_wait: seconds since the job became due (run_at), by the database's clock.
 RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
-          j.timeout, j.lease_token, j.priority, j.batch_item, j.partition_hash
+          j.timeout, j.lease_token, j.priority, j.batch_item, j.partition_hash,
+          greatest(0, extract(epoch FROM now() - j.run_at))::float8 AS queue_wait
 
 -- name: job_claim
 -- Lock up to %(limit)s ready jobs of ONE queue in (priority, id) order, skipping rows
@@ -184,11 +186,11 @@ WITH done AS (
 SELECT 'done' AS kind, id, NULL::text AS queue, NULL::text AS task, NULL::text AS args,
        NULL::text AS kwargs, NULL::int AS attempts, NULL::int AS max_attempts,
        NULL::float8 AS timeout, NULL::bigint AS lease_token, NULL::smallint AS priority,
-       NULL::text AS batch_item, NULL::bigint AS partition_hash
+       NULL::text AS batch_item, NULL::bigint AS partition_hash, NULL::float8 AS queue_wait
   FROM done
 UNION ALL
 SELECT 'claimed', id, queue, task, args, kwargs, attempts, max_attempts, timeout,
-       lease_token, priority, batch_item, partition_hash
+       lease_token, priority, batch_item, partition_hash, queue_wait
   FROM claimed
 
 -- name: job_fail

@@ -646,7 +646,8 @@ def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
     decoded = decode_arguments([(r["args"], r["kwargs"]) for r in rows])
     return [
         ClaimedJob(r["id"], r["queue"], r["task"], a, k, r["attempts"], r["max_attempts"],
-                   r["timeout"], r["lease_token"], r["batch_item"], r["partition_hash"])
+                   r["timeout"], r["lease_token"], r["batch_item"], r["partition_hash"],
+                   r["queue_wait"])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 

@@ -68,7 +68,7 @@ UPDATE justonce_jobs
 
 -- name: claim_returning
 RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item,
-          partition_hash
+          partition_hash, MAX(0, NOW() - run_at) AS queue_wait
 
 -- name: job_claim
 {{claim_lease}}
