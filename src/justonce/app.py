@@ -18,7 +18,7 @@ from .batches import Batches
 from .effects import Effects
 from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
 from .events import Event, emit
-from .models import Job, NewJob, QueueCount
+from .models import Job, MetricsSnapshot, NewJob, QueueCount
 from .partitions import Partitions, partition_hash
 from .retry import Backoff
 from .tasks import Enqueue, Task
@@ -244,6 +244,11 @@ class App:
 
     def queue_counts(self) -> list[QueueCount]:
         return self.backend.queue_counts()
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """Per queue, the age of the longest-waiting ready job at the queue's head, and
+        the batches not finished: one cheap statement (see MetricsSnapshot)."""
+        return self.backend.metrics_snapshot()
 
     def wait(self, job_id: int, timeout: float = 30.0, poll: float = 0.05) -> Job:
         """Poll until the job is finished (succeeded, dead or cancelled) or ``timeout``."""

@@ -126,6 +126,11 @@ class Event(StrEnum):
                         "An effect was marked done after its claim was taken over: it ran twice.")
     EFFECT_RELEASE_ERROR = ("effect.release_error", ERROR, "justonce.effects",
                             "A failed effect could not be released; its lease puts it in doubt.")
+    # -- metrics ------------------------------------------------------------------------
+    METRICS_STARTED = ("metrics.started", INFO, "justonce.metrics",
+                       "The worker's metrics are served (host, port, path).")
+    METRICS_READ_ERROR = ("metrics.read_error", WARNING, "justonce.metrics",
+                          "A /metrics read of the database failed; justonce_database_up is 0.")
     # -- this module --------------------------------------------------------------------
     SUBSCRIBER_ERROR = ("events.subscriber_error", ERROR, "justonce.events",
                         "An event subscriber raised (logged once per subscriber and error type).")

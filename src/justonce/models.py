@@ -168,6 +168,17 @@ class QueueCount:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """What the database knows beside the counts: per queue with ready jobs, the age in
+    seconds of the longest-waiting job at the head of each priority (the jobs the next
+    claims take; a job deeper in the queue that became due earlier, e.g. a promoted
+    scheduled job, is not looked at), and the batches not finished (open or sealed)."""
+
+    oldest_ready: dict[str, float]
+    batches_open: int
+
+
+@dataclass(frozen=True, slots=True)
 class BatchInfo:
     """A snapshot of one batch and its progress. ``pending`` = total − acked − failed."""
 

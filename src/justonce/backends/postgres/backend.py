@@ -28,7 +28,16 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...models import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    HousekeepingReport,
+    Job,
+    MetricsSnapshot,
+    NewJob,
+    QueueCount,
+)
 from ...types import JobState
 from ..base import (
     Partitioning,
@@ -401,6 +410,12 @@ class PostgresBackend(EffectStore):
 
     def queue_counts(self) -> list[QueueCount]:
         return [QueueCount(q, JobState(s), n) for q, s, n in self._fetch("queue_counts", {})]
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        rows = self._fetch("metrics_snapshot", {})
+        return MetricsSnapshot(
+            oldest_ready={r[0]: max(0.0, float(r[1])) for r in rows if r[0] is not None},
+            batches_open=int(next((r[1] for r in rows if r[0] is None), 0)))
 
     # -- worker side ----------------------------------------------------------------------
     @staticmethod

@@ -28,7 +28,16 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...models import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    HousekeepingReport,
+    Job,
+    MetricsSnapshot,
+    NewJob,
+    QueueCount,
+)
 from ...partitions import register_sqlite_functions
 from ...types import BatchState, JobState
 from ..base import (
@@ -360,6 +369,12 @@ class SQLiteBackend(EffectStore):
 
     def queue_counts(self) -> list[QueueCount]:
         return [QueueCount(r[0], JobState(r[1]), r[2]) for r in self._read(Q["queue_counts"])]
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        rows = self._read(Q["metrics_snapshot"])
+        return MetricsSnapshot(
+            oldest_ready={r[0]: max(0.0, float(r[1])) for r in rows if r[0] is not None},
+            batches_open=int(next((r[1] for r in rows if r[0] is None), 0)))
 
     # -- worker side ----------------------------------------------------------------------
     @staticmethod
