@@ -131,6 +131,12 @@ def crash_worker() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@app.task(max_attempts=2, backoff=justonce.Backoff(base=0.01, jitter=0))
+def boom(n: int) -> None:
+    """Always raises: two attempts, then dead."""
+    raise ValueError(f"boom {n}")
+
+
 @app.task(timeout=1, max_attempts=3, backoff=justonce.Backoff(base=0.1, jitter=0))
 def overrun(n: int, seconds: float) -> int:
     """Runs past its 1 s timeout (a sync task: its thread cannot be interrupted)."""

@@ -6,7 +6,6 @@ user code all see the same behaviour.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,13 +17,12 @@ from .backends import Backend, open_backend, resolve_url
 from .batches import Batches
 from .effects import Effects
 from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
-from .models import Job, NewJob, QueueCount
+from .events import Event, emit
+from .models import Job, MetricsSnapshot, NewJob, QueueCount
 from .partitions import Partitions, partition_hash
 from .retry import Backoff
 from .tasks import Enqueue, Task
 from .types import JobState
-
-log = logging.getLogger("justonce")
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 20
@@ -231,7 +229,7 @@ class App:
         if job is None:
             current = self.get_job(job_id)
             raise InvalidTransition(f"job {job_id} is {current.state}: only live jobs can be cancelled")
-        log.info("job cancelled", extra={"job_id": job.id})
+        emit(Event.JOB_CANCELLED, "job cancelled", job_id=job.id)
         return job
 
     def retry(self, job_id: int) -> Job:
@@ -246,6 +244,11 @@ class App:
 
     def queue_counts(self) -> list[QueueCount]:
         return self.backend.queue_counts()
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """Per queue, the age of the longest-waiting ready job at the queue's head, and
+        the batches not finished: one cheap statement (see MetricsSnapshot)."""
+        return self.backend.metrics_snapshot()
 
     def wait(self, job_id: int, timeout: float = 30.0, poll: float = 0.05) -> Job:
         """Poll until the job is finished (succeeded, dead or cancelled) or ``timeout``."""

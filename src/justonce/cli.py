@@ -16,7 +16,7 @@ from rich.table import Table
 
 from . import logs
 from .app import App
-from .errors import ConfigurationError, JustonceError
+from .errors import ConfigurationError, InvalidOption, JustonceError
 from .models import BatchInfo, Job
 from .types import BatchState, JobState
 
@@ -119,14 +119,18 @@ def migrate(database_url: str | None) -> None:
 @click.option("--batch-retention", default=7 * 86400.0, show_default=True,
               type=click.FloatRange(0, 10 * 365 * 86400),
               help="Seconds completed and expired batches are kept.")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              help="Address the metrics server binds to.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-format", default="json", show_default=True, type=click.Choice(["json", "text"]))
 def worker(app_path: str, database_url: str | None, queues: str | None, concurrency: int,
            lease: float, heartbeat: float | None, grace: float, poll: float, prefetch: int,
            no_listen: bool, housekeeping_interval: float, partitions: str | None,
-           partition_slots: int, batch_retention: float, log_level: str,
-           log_format: str) -> None:
+           partition_slots: int, batch_retention: float, metrics_port: int | None,
+           metrics_host: str, log_level: str, log_format: str) -> None:
     """Run jobs until SIGTERM / SIGINT (a second signal stops at once)."""
     from .worker import Worker
 
@@ -138,8 +142,20 @@ def worker(app_path: str, database_url: str | None, queues: str | None, concurre
                listen=not no_listen, housekeeping_interval=housekeeping_interval,
                batch_retention=batch_retention, partitions=partitions,
                partition_slots=partition_slots)
-    w.run()
-    app.close()
+    server = None
+    try:
+        if metrics_port is not None:
+            from .metrics import serve_worker_metrics
+
+            try:
+                server, _ = serve_worker_metrics(w, metrics_port, metrics_host)
+            except InvalidOption as exc:
+                raise click.BadParameter(str(exc), param_hint="--metrics-port") from exc
+        w.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+        app.close()
 
 
 @cli.command()

@@ -17,7 +17,6 @@ commit or roll back together: for an effect inside the same database, exactly on
 from __future__ import annotations
 
 import builtins
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 from . import validate
 from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
 from .errors import EffectNotFound, InvalidOption, InvalidTransition
+from .events import Event, emit
 from .models import EffectInfo
 from .types import JSON
 
 if TYPE_CHECKING:
     from .app import App
 
-log = logging.getLogger("justonce.effects")
 
 POLICIES = (AT_MOST_ONCE, AT_LEAST_ONCE)
 MAX_SCOPE = 200
@@ -75,8 +74,8 @@ class EffectClaim:
         ok = self._effects.app.backend.effect_done(self.scope, self.key, token, result_json,
                                                    conn=self._conn)
         if not ok:
-            log.warning("effect done after its claim was taken over", extra={
-                "event": "effect.overtaken", "scope": self.scope, "key": self.key})
+            emit(Event.EFFECT_OVERTAKEN, "effect done after its claim was taken over",
+                 scope=self.scope, key=self.key)
         return ok
 
     def release(self, error: str = "released") -> bool:
@@ -128,8 +127,8 @@ class Effects:
             try:
                 claim.release(f"{type(exc).__name__}: {exc}")
             except Exception:  # noqa: BLE001 - the lease will put it in doubt instead
-                log.exception("could not release an effect after its failure",
-                              extra={"event": "effect.release_error"})
+                emit(Event.EFFECT_RELEASE_ERROR, "could not release an effect after its failure",
+                     exc_info=True)
             raise
         if not claim.done(result):
             # At least once: the lease ran out while fn ran, and another claim redid it.

@@ -108,6 +108,10 @@ class ClaimedJob:
     batch_item: str | None = None
     partition_hash: int | None = None
     """Set on partitioned jobs: the slot is ``partition_hash mod n``."""
+    queue_wait: float | None = None
+    """Seconds the job had been ready (since its ``run_at``) when this claim took it, by
+    the database's clock: the wait that the ``justonce_job_queue_wait_seconds`` metric
+    shows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +165,17 @@ class QueueCount:
     queue: str
     state: JobState
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """What the database knows beside the counts: per queue with ready jobs, the age in
+    seconds of the longest-waiting job at the head of each priority (the jobs the next
+    claims take; a job deeper in the queue that became due earlier, e.g. a promoted
+    scheduled job, is not looked at), and the batches not finished (open or sealed)."""
+
+    oldest_ready: dict[str, float]
+    batches_open: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from .errors import (
     NoFreeSlot,
     PartitionSetNotFound,
 )
+from .events import Event, emit
 from .models import SlotInfo
 from .tasks import Task
 
@@ -220,10 +221,9 @@ class PartitionLease:
             except LockTimeout:
                 # The slot's row is held by a fenced transaction still open (maybe this
                 # process's own): leave the slot to expire instead of waiting for it.
-                log.warning("partition release skipped: the slot is held by an open fenced "
-                            "transaction; it frees up when its lease expires", extra={
-                                "event": "partition.release_skipped", "set": self.set_name,
-                                "slot": self.slot})
+                emit(Event.PARTITION_RELEASE_SKIPPED, "partition release skipped: the slot is "
+                     "held by an open fenced transaction; it frees up when its lease expires",
+                     set=self.set_name, slot=self.slot)
             self.lost = True
 
     def fence(self, conn: Any) -> None:
@@ -248,13 +248,12 @@ class PartitionLease:
             try:
                 self.renew()
             except LeaseLost:
-                log.warning("partition lease lost", extra={
-                    "event": "partition.lost", "set": self.set_name, "slot": self.slot,
-                    "token": self.token})
+                emit(Event.PARTITION_LOST, "partition lease lost", logger=log, set=self.set_name,
+                     slot=self.slot, token=self.token)
                 return
             except Exception as exc:  # noqa: BLE001 - keep trying while the lease lasts
-                log.warning("partition lease renewal failed, retrying",
-                            extra={"event": "partition.renew_error", "error": str(exc)})
+                emit(Event.PARTITION_RENEW_ERROR, "partition lease renewal failed, retrying",
+                     logger=log, error=str(exc))
 
     def __enter__(self) -> PartitionLease:
         return self.start_renewing()
@@ -288,8 +287,7 @@ class Partitions:
         if got is None:
             return None
         slot, token, expires_at = got
-        log.info("partition acquired", extra={"event": "partition.acquired", "set": name,
-                                              "slot": slot, "n": n, "token": token})
+        emit(Event.PARTITION_ACQUIRED, "partition acquired", set=name, slot=slot, n=n, token=token)
         return PartitionLease(self, name, n, slot, token, who, lease, expires_at, started)
 
     def acquire(self, set_name: str, n: int | None = None, *, lease: float = 30.0,

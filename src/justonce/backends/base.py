@@ -27,6 +27,7 @@ from ..models import (
     HousekeepingReport,
     ItemFailure,
     Job,
+    MetricsSnapshot,
     NewJob,
     QueueCount,
     SealResult,
@@ -102,6 +103,10 @@ class Backend(Protocol):
         Raises KeyConflict when another live job holds the key."""
 
     def queue_counts(self) -> list[QueueCount]: ...
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """Oldest ready age per queue and open batches, in one statement whose cost does
+        not grow with the backlog (see MetricsSnapshot)."""
 
     # -- worker side: every write is fenced by (id, lease_token, state='running') ----
     def job_claim(self, queue: str, limit: int, owner: str, lease: float,

@@ -7,13 +7,11 @@ of them do each round (no session locks, so it works behind PgBouncer too).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from ..backends import Backend
+from ..events import Event, emit
 from ..models import BatchPruneReport, HousekeepingReport
-
-log = logging.getLogger("justonce.maintenance")
 
 
 @dataclass
@@ -38,12 +36,8 @@ class Maintenance:
             pruned = self.backend.jobs_prune(self.keep_succeeded, self.keep_dead)
             batches = self.backend.batches_prune(self.batch_retention)
         if rescued or dead:
-            log.warning(
-                "expired leases re-offered",
-                extra={"event": "leases.rescued", "rescued": rescued, "dead": dead},
-            )
+            emit(Event.LEASES_RESCUED, "expired leases re-offered", rescued=rescued, dead=dead)
         if batches.expired:
-            log.warning("idle batches expired",
-                        extra={"event": "batches.expired", "expired": batches.expired})
+            emit(Event.BATCHES_EXPIRED, "idle batches expired", expired=batches.expired)
         return HousekeepingReport(promoted=promoted, rescued=rescued, dead=dead, pruned=pruned,
                                   batches_expired=batches.expired, batches_removed=batches.removed)

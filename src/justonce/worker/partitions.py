@@ -3,18 +3,17 @@ job leases, take free or expired slots as a standby, and drop the ones taken ove
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from ..errors import LeaseLost
+from ..events import Event, emit
 from ..models import SlotFence
 
 if TYPE_CHECKING:
     from ..partitions import PartitionLease, Partitions
 
-log = logging.getLogger("justonce.worker")
 
 
 class PartitionKeeper:
@@ -71,12 +70,11 @@ class PartitionKeeper:
                 with self._lock:
                     self._held.remove(lease)
                 lost.add(lease.slot)
-                log.warning("partition slot lost: its lease expired or another worker took it "
-                            "over", extra={"event": "partition.lost", "set": self.set_name,
-                                           "slot": lease.slot, "token": lease.token})
+                emit(Event.PARTITION_LOST, "partition slot lost: its lease expired or another "
+                     "worker took it over", set=self.set_name, slot=lease.slot, token=lease.token)
             except Exception as exc:  # noqa: BLE001 - the others still need renewing
-                log.warning("partition renewal failed", extra={
-                    "event": "partition.renew_error", "slot": lease.slot, "error": str(exc)})
+                emit(Event.PARTITION_RENEW_ERROR, "partition renewal failed", slot=lease.slot,
+                     error=str(exc))
         with self._lock:
             # A lease past its time by our own clock is as good as lost: its renewal can
             # only fail now. Drop it so that the slot can be acquired anew below.
@@ -101,5 +99,5 @@ class PartitionKeeper:
             try:
                 lease.release()
             except Exception as exc:  # noqa: BLE001 - it will expire on its own
-                log.warning("partition release failed", extra={
-                    "event": "partition.release_error", "slot": lease.slot, "error": str(exc)})
+                emit(Event.PARTITION_RELEASE_ERROR, "partition release failed", slot=lease.slot,
+                     error=str(exc))

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import validate
 from ..errors import InvalidOption, JustonceError, PartitionConflict
+from ..events import Event, emit, wanted
 from ..models import ClaimedJob, Completion, Failure
 from ..partitions import parse_set_spec, slots
 from .executor import Executor
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
     from ..app import App
 
 log = logging.getLogger("justonce.worker")
+
+_FAILURE_EVENTS = {
+    "failed": Event.JOB_FAILED, "timeout": Event.JOB_TIMEOUT,
+    "unknown_task": Event.JOB_UNKNOWN_TASK, "bad_arguments": Event.JOB_BAD_ARGUMENTS,
+}
 
 
 @dataclass(eq=False)
@@ -201,10 +207,8 @@ class Worker:
         handlers = self._install_signals()
         try:
             self._start_threads()
-            log.info("worker started", extra={
-                "event": "worker.started", "owner": self.owner, "queues": self.queues,
-                "concurrency": self.concurrency, "backend": self.backend.name,
-            })
+            emit(Event.WORKER_STARTED, "worker started", owner=self.owner, queues=self.queues,
+                 concurrency=self.concurrency, backend=self.backend.name)
             self._stop_requested.wait()
             self._shutdown()
         finally:
@@ -229,6 +233,11 @@ class Worker:
     def join(self, timeout: float | None = None) -> bool:
         return self._done.wait(timeout)
 
+    @property
+    def running(self) -> int:
+        """Jobs running on this worker's slots now."""
+        return self._running
+
     # -- threads -----------------------------------------------------------------------
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -237,7 +246,7 @@ class Worker:
 
         def on_signal(signum: int, frame: Any) -> None:
             if self._stop_requested.is_set():
-                log.warning("second signal: stopping now", extra={"event": "worker.kill"})
+                emit(Event.WORKER_KILL, "second signal: stopping now")
                 self._grace_override = 0.0
                 with self._lock:
                     self._cond.notify_all()
@@ -262,8 +271,7 @@ class Worker:
             except PartitionConflict:
                 raise  # started with another n than the set's holders: a configuration error
             except Exception as exc:  # noqa: BLE001 - the supervisor tries again
-                log.warning("partition round failed", extra={"event": "partition.error",
-                                                             "error": str(exc)})
+                emit(Event.PARTITION_ERROR, "partition round failed", error=str(exc))
         for i in range(self.concurrency):
             self._spawn(self._slot_loop, f"justonce-slot-{i}", _Slot(i))
         self._spawn(self._ack_loop, "justonce-acker")
@@ -280,8 +288,8 @@ class Worker:
             try:
                 self._execute(held)
             except BaseException:  # our own bookkeeping failed: never strand the job
-                log.exception("slot failed; releasing its job", extra={
-                    "event": "slot.error", "job_id": held.job.id})
+                emit(Event.SLOT_ERROR, "slot failed; releasing its job", exc_info=True,
+                     job_id=held.job.id)
                 self._give_up(held)
             if slot.abandoned:
                 return  # a replacement slot took over while this one was stuck
@@ -358,9 +366,8 @@ class Worker:
         for h in stale:
             h.lost = True
         self.stats.extra["stale"] = self.stats.extra.get("stale", 0) + len(stale)
-        log.warning("leased jobs dropped unstarted: their lease or slot may have run out",
-                    extra={"event": "job.dropped", "jobs": [h.job.id for h in stale][:50],
-                           "count": len(stale)})
+        emit(Event.JOB_DROPPED, "leased jobs dropped unstarted: their lease or slot may have run out",
+             jobs=[h.job.id for h in stale][:50], count=len(stale))
         self._release([h.job for h in stale], refund=True)
 
     def _fetch(self, free: int) -> list[ClaimedJob]:
@@ -372,18 +379,21 @@ class Worker:
             try:
                 self._partition_round()
             except Exception as exc:  # noqa: BLE001 - the supervisor tries again
-                log.warning("partition round failed", extra={"event": "partition.error",
-                                                             "error": str(exc)})
+                emit(Event.PARTITION_ERROR, "partition round failed", error=str(exc))
         done = self._take_acks()
         try:
             accepted, jobs = self.producer.claim(self.producer.batch_size(free), done)
         except Exception as exc:  # the fetching slot must survive anything the DB throws
             self._return_acks(done)
-            log.warning("claim failed, retrying", extra={"event": "claim.error", "error": str(exc)},
-                        exc_info=not isinstance(exc, JustonceError))
+            emit(Event.CLAIM_ERROR, "claim failed, retrying", error=str(exc),
+                 exc_info=not isinstance(exc, JustonceError))
             self._stop_requested.wait(min(self.poll, 1.0))
             return []
         self._settle(done, accepted)
+        if jobs and wanted(Event.JOB_CLAIMED, log):
+            for job in jobs:
+                emit(Event.JOB_CLAIMED, "job claimed", job_id=job.id, task=job.task,
+                     queue=job.queue, attempt=job.attempts, queue_wait=job.queue_wait)
         if not jobs and not self._stop_requested.is_set():
             self._waiter.wait(self.poll)
         return jobs
@@ -416,10 +426,8 @@ class Worker:
                     return
                 self._forget(h.job.id, h.job.lease_token)
         if discarded:
-            log.warning("outcome discarded: the job's lease was lost or it timed out", extra={
-                "event": "job.discarded", "job_id": h.job.id, "task": h.job.task,
-                "outcome": outcome.kind,
-            })
+            emit(Event.JOB_DISCARDED, "outcome discarded: the job's lease was lost or it timed out",
+                 job_id=h.job.id, task=h.job.task, queue=h.job.queue, outcome=outcome.kind)
             return
         assert outcome.failure is not None
         self._record_failure(h.job, outcome.failure, outcome.kind, outcome.duration)
@@ -442,26 +450,23 @@ class Worker:
                 break
             except Exception as exc:
                 if attempt == 2:
-                    log.error("could not record failure; the lease will expire and the job "
-                              "will be re-offered", extra={"event": "job.fail_write_error",
-                                                           "job_id": job.id, "error": str(exc)})
+                    emit(Event.JOB_FAIL_WRITE_ERROR, "could not record failure; the lease will "
+                         "expire and the job will be re-offered", job_id=job.id, error=str(exc))
                     return
                 time.sleep(0.2 * (attempt + 1))
         if state is None:
             self.stats.rejected += 1
-            log.warning("late write rejected: lease lost", extra={
-                "event": "job.rejected", "job_id": job.id, "task": job.task, "outcome": kind,
-            })
+            emit(Event.JOB_REJECTED, "late write rejected: lease lost", job_id=job.id,
+                 task=job.task, queue=job.queue, outcome=kind)
             return
         self.stats.failed += 1
-        if log.isEnabledFor(logging.INFO):
-            log.info("job %s", kind, extra={
-                "event": f"job.{kind}", "job_id": job.id, "task": job.task, "queue": job.queue,
-                "attempt": job.attempts, "state": state.value,
-                "retry_in": None if failure.retry_in is None else round(failure.retry_in, 3),
-                "duration_ms": round(duration * 1000, 3),
-                "error": failure.error.splitlines()[-1][:200] if failure.error else None,
-            })
+        event = _FAILURE_EVENTS.get(kind, Event.JOB_FAILED)
+        if wanted(event, log):
+            emit(event, f"job {kind}", job_id=job.id, task=job.task, queue=job.queue,
+                 attempt=job.attempts, state=state.value,
+                 retry_in=None if failure.retry_in is None else round(failure.retry_in, 3),
+                 duration_ms=round(duration * 1000, 3),
+                 error=failure.error.splitlines()[-1][:200] if failure.error else None)
 
     # -- acker -------------------------------------------------------------------------
     def _ack_loop(self) -> None:
@@ -471,7 +476,7 @@ class Worker:
             try:
                 self._flush_acks()
             except Exception:
-                log.exception("ack round failed", extra={"event": "ack.error"})
+                emit(Event.ACK_ERROR, "ack round failed", level=logging.ERROR, exc_info=True)
 
     def _take_acks(self) -> list[Completion]:
         with self._lock:
@@ -492,9 +497,8 @@ class Worker:
             accepted = self.backend.job_complete_many(batch)
         except Exception as exc:
             self._return_acks(batch)
-            log.warning("could not record completions, retrying", extra={
-                "event": "ack.error", "error": str(exc), "pending": len(batch)},
-                exc_info=not isinstance(exc, JustonceError))
+            emit(Event.ACK_ERROR, "could not record completions, retrying", error=str(exc),
+                 pending=len(batch), exc_info=not isinstance(exc, JustonceError))
             self._closed.wait(0.5)
             return False
         self._settle(batch, accepted)
@@ -512,7 +516,7 @@ class Worker:
         """Forget written completions and log each outcome (or its rejection)."""
         if not batch:
             return
-        info = log.isEnabledFor(logging.INFO)
+        info = wanted(Event.JOB_SUCCEEDED, log)
         with self._lock:
             helds = [self._forget(c.id, c.lease_token) for c in batch]
             self._cond.notify_all()
@@ -520,17 +524,14 @@ class Worker:
             if c.id in accepted:
                 self.stats.succeeded += 1
                 if info and h is not None:
-                    log.info("job succeeded", extra={
-                        "event": "job.succeeded", "job_id": c.id, "task": h.job.task,
-                        "queue": h.job.queue, "attempt": h.job.attempts,
-                        "duration_ms": round(h.duration * 1000, 3), "note": c.note,
-                    })
+                    emit(Event.JOB_SUCCEEDED, "job succeeded", job_id=c.id, task=h.job.task,
+                         queue=h.job.queue, attempt=h.job.attempts,
+                         duration_ms=round(h.duration * 1000, 3), note=c.note)
             else:
                 self.stats.rejected += 1
-                log.warning("late completion rejected: lease lost", extra={
-                    "event": "job.rejected", "job_id": c.id,
-                    "task": h.job.task if h else None, "outcome": "succeeded",
-                })
+                emit(Event.JOB_REJECTED, "late completion rejected: lease lost", job_id=c.id,
+                     task=h.job.task if h else None, queue=h.job.queue if h else None,
+                     outcome="succeeded")
 
     # -- supervisor: leases and timeouts -----------------------------------------------
     def _supervise_loop(self) -> None:
@@ -551,7 +552,7 @@ class Worker:
                     if self.keeper is not None:
                         self._partition_round()
             except Exception:  # a dead supervisor would let every lease expire
-                log.exception("supervisor round failed", extra={"event": "supervisor.error"})
+                emit(Event.SUPERVISOR_ERROR, "supervisor round failed", exc_info=True)
 
     def _after_pause(self, gap: float) -> None:
         """The process did not run for ``gap`` s (stopped, or starved): any lease may have
@@ -562,8 +563,8 @@ class Worker:
                          if (h := self._held.get(i)) is not None and h.started is None]
             self._ready.clear()
             self._recheck = True
-        log.warning("the worker was paused: unstarted jobs dropped, slots re-checked", extra={
-            "event": "worker.paused", "seconds": round(gap, 3), "dropped": len(unstarted)})
+        emit(Event.WORKER_PAUSED, "the worker was paused: unstarted jobs dropped, slots re-checked",
+             seconds=round(gap, 3), dropped=len(unstarted))
         if unstarted:
             self._drop_stale(unstarted)
 
@@ -626,8 +627,8 @@ class Worker:
             with self._batch_write:
                 renewed = self.backend.job_heartbeat(pairs, self.lease)
         except Exception as exc:
-            log.warning("lease renewal failed", extra={"event": "heartbeat.error", "error": str(exc)},
-                        exc_info=not isinstance(exc, JustonceError))
+            emit(Event.HEARTBEAT_ERROR, "lease renewal failed", error=str(exc),
+                 exc_info=not isinstance(exc, JustonceError))
             return
         lost = []
         valid_until = sent + self.lease - self.margin
@@ -655,9 +656,8 @@ class Worker:
             self.stats.lost += 1
             if h.future is not None:
                 h.future.cancel()
-            log.warning("lease lost: the job was re-offered or cancelled", extra={
-                "event": "job.lease_lost", "job_id": h.job.id, "task": h.job.task,
-            })
+            emit(Event.JOB_LEASE_LOST, "lease lost: the job was re-offered or cancelled",
+                 job_id=h.job.id, task=h.job.task, queue=h.job.queue)
 
     # -- housekeeping ------------------------------------------------------------------
     def _maintenance_loop(self) -> None:
@@ -666,9 +666,8 @@ class Worker:
             try:
                 self.maintenance.run_once()
             except Exception as exc:
-                log.warning("housekeeping failed", extra={"event": "maintenance.error",
-                                                          "error": str(exc)},
-                            exc_info=not isinstance(exc, JustonceError))
+                emit(Event.MAINTENANCE_ERROR, "housekeeping failed", error=str(exc),
+                     exc_info=not isinstance(exc, JustonceError))
 
     # -- shutdown ----------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -699,8 +698,8 @@ class Worker:
         self._release([h.job for h in leftovers if h.started is None], refund=True)
         still_running = [h.job for h in leftovers if h.started is not None]
         if still_running:
-            log.warning("grace period over: releasing running jobs", extra={
-                "event": "worker.released", "jobs": [j.id for j in still_running]})
+            emit(Event.WORKER_RELEASED, "grace period over: releasing running jobs",
+                 jobs=[j.id for j in still_running])
         self._release(still_running, refund=False)
         for _ in range(20):
             if self._flush_acks():
@@ -710,9 +709,8 @@ class Worker:
         with self._lock:
             unwritten = len(self._acks)
         if unwritten:
-            log.error("completions could not be written before stopping; their jobs will be "
-                      "re-offered when their leases expire", extra={
-                          "event": "worker.unwritten", "count": unwritten})
+            emit(Event.WORKER_UNWRITTEN, "completions could not be written before stopping; their "
+                 "jobs will be re-offered when their leases expire", count=unwritten)
         self._closed.set()
         self._ack_wake.set()
         self._waiter.close()
@@ -730,10 +728,9 @@ class Worker:
         self.executor.async_runner.close()
         if self.keeper is not None:
             self.keeper.release_all()  # a standby takes the slots at once
-        log.info("worker stopped", extra={
-            "event": "worker.stopped", "owner": self.owner, "succeeded": self.stats.succeeded,
-            "failed": self.stats.failed, "rejected": self.stats.rejected,
-        })
+        emit(Event.WORKER_STOPPED, "worker stopped", owner=self.owner,
+             succeeded=self.stats.succeeded, failed=self.stats.failed,
+             rejected=self.stats.rejected)
 
     def _release(self, jobs: list[ClaimedJob], refund: bool) -> None:
         if not jobs:
@@ -742,5 +739,5 @@ class Worker:
             with self._batch_write:
                 self.backend.job_release([(j.id, j.lease_token) for j in jobs], refund)
         except Exception as exc:
-            log.warning("could not release jobs; their leases will expire", extra={
-                "event": "release.error", "error": str(exc)})
+            emit(Event.RELEASE_ERROR, "could not release jobs; their leases will expire",
+                 error=str(exc))

@@ -28,7 +28,16 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...models import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    HousekeepingReport,
+    Job,
+    MetricsSnapshot,
+    NewJob,
+    QueueCount,
+)
 from ...types import JobState
 from ..base import (
     Partitioning,
@@ -402,6 +411,12 @@ class PostgresBackend(EffectStore):
     def queue_counts(self) -> list[QueueCount]:
         return [QueueCount(q, JobState(s), n) for q, s, n in self._fetch("queue_counts", {})]
 
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        rows = self._fetch("metrics_snapshot", {})
+        return MetricsSnapshot(
+            oldest_ready={r[0]: max(0.0, float(r[1])) for r in rows if r[0] is not None},
+            batches_open=int(next((r[1] for r in rows if r[0] is None), 0)))
+
     # -- worker side ----------------------------------------------------------------------
     @staticmethod
     def _claim_params(queue: str, limit: int, owner: str, lease: float,
@@ -679,11 +694,11 @@ def _read_committed(conn: psycopg.Connection) -> None:
 
 def _claimed(rows: list[Any]) -> list[ClaimedJob]:
     """Rows of (id, queue, task, args text, kwargs text, attempts, max_attempts, timeout,
-    lease_token, priority, batch_item, partition_hash) in claim order."""
+    lease_token, priority, batch_item, partition_hash, queue_wait) in claim order."""
     rows.sort(key=lambda r: (r[9], r[0]))
     decoded = decode_arguments([(r[3], r[4]) for r in rows])
     return [
-        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8], r[10], r[11])
+        ClaimedJob(r[0], r[1], r[2], a, k, r[5], r[6], r[7], r[8], r[10], r[11], r[12])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 

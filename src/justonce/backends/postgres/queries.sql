@@ -112,8 +112,10 @@ UPDATE justonce_jobs j
        started_at = now()
 
 -- name: claim_returning
+-- queue_wait: seconds since the job became due (run_at), by the database's clock.
 RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max_attempts,
-          j.timeout, j.lease_token, j.priority, j.batch_item, j.partition_hash
+          j.timeout, j.lease_token, j.priority, j.batch_item, j.partition_hash,
+          greatest(0, extract(epoch FROM now() - j.run_at))::float8 AS queue_wait
 
 -- name: job_claim
 -- Lock up to %(limit)s ready jobs of ONE queue in (priority, id) order, skipping rows
@@ -184,11 +186,11 @@ WITH done AS (
 SELECT 'done' AS kind, id, NULL::text AS queue, NULL::text AS task, NULL::text AS args,
        NULL::text AS kwargs, NULL::int AS attempts, NULL::int AS max_attempts,
        NULL::float8 AS timeout, NULL::bigint AS lease_token, NULL::smallint AS priority,
-       NULL::text AS batch_item, NULL::bigint AS partition_hash
+       NULL::text AS batch_item, NULL::bigint AS partition_hash, NULL::float8 AS queue_wait
   FROM done
 UNION ALL
 SELECT 'claimed', id, queue, task, args, kwargs, attempts, max_attempts, timeout,
-       lease_token, priority, batch_item, partition_hash
+       lease_token, priority, batch_item, partition_hash, queue_wait
   FROM claimed
 
 -- name: job_fail
@@ -645,3 +647,40 @@ SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last
 SELECT state, (state = 'running' AND lease_expires_at <= now()), count(*)
   FROM justonce_effects WHERE scope = %(scope)s
  GROUP BY 1, 2
+
+-- Metrics
+
+-- name: metrics_snapshot
+-- What /metrics shows beside queue_counts, in one statement whose cost does not grow with
+-- the backlog: per queue, the age of the longest-waiting job at the head of each priority
+-- (and of the partitioned jobs), and the batches not finished. The heads come from skip
+-- scans of the two claim indexes (one index probe per queue and priority): a plain
+-- min(run_at) over the ready rows would read every ready row and its heap page.
+-- rows: (queue, age in seconds) per queue with ready jobs, then (NULL, open batches).
+WITH RECURSIVE heads AS (
+    (SELECT queue, priority, id FROM justonce_jobs
+      WHERE state = 'ready' AND partition_hash IS NULL
+      ORDER BY queue, priority, id LIMIT 1)
+  UNION ALL
+    SELECT n.queue, n.priority, n.id FROM heads h CROSS JOIN LATERAL (
+        SELECT queue, priority, id FROM justonce_jobs
+         WHERE state = 'ready' AND partition_hash IS NULL
+           AND (queue, priority) > (h.queue, h.priority)
+         ORDER BY queue, priority, id LIMIT 1) n
+), partitioned_heads AS (
+    (SELECT queue, id FROM justonce_jobs
+      WHERE state = 'ready' AND partition_hash IS NOT NULL
+      ORDER BY queue, id LIMIT 1)
+  UNION ALL
+    SELECT n.queue, n.id FROM partitioned_heads h CROSS JOIN LATERAL (
+        SELECT queue, id FROM justonce_jobs
+         WHERE state = 'ready' AND partition_hash IS NOT NULL AND queue > h.queue
+         ORDER BY queue, id LIMIT 1) n
+)
+SELECT j.queue, max(greatest(0, extract(epoch FROM now() - j.run_at)))::float8
+  FROM justonce_jobs j
+ WHERE j.id = ANY(ARRAY(SELECT id FROM heads UNION ALL SELECT id FROM partitioned_heads))
+   AND j.state = 'ready'
+ GROUP BY j.queue
+UNION ALL
+SELECT NULL, count(*)::float8 FROM justonce_batches WHERE state IN ('open', 'sealed')

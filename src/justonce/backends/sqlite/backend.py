@@ -28,7 +28,16 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...models import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    HousekeepingReport,
+    Job,
+    MetricsSnapshot,
+    NewJob,
+    QueueCount,
+)
 from ...partitions import register_sqlite_functions
 from ...types import BatchState, JobState
 from ..base import (
@@ -361,6 +370,12 @@ class SQLiteBackend(EffectStore):
     def queue_counts(self) -> list[QueueCount]:
         return [QueueCount(r[0], JobState(r[1]), r[2]) for r in self._read(Q["queue_counts"])]
 
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        rows = self._read(Q["metrics_snapshot"])
+        return MetricsSnapshot(
+            oldest_ready={r[0]: max(0.0, float(r[1])) for r in rows if r[0] is not None},
+            batches_open=int(next((r[1] for r in rows if r[0] is None), 0)))
+
     # -- worker side ----------------------------------------------------------------------
     @staticmethod
     def _claim_query(queue: str, limit: int, owner: str, lease: float,
@@ -646,7 +661,8 @@ def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
     decoded = decode_arguments([(r["args"], r["kwargs"]) for r in rows])
     return [
         ClaimedJob(r["id"], r["queue"], r["task"], a, k, r["attempts"], r["max_attempts"],
-                   r["timeout"], r["lease_token"], r["batch_item"], r["partition_hash"])
+                   r["timeout"], r["lease_token"], r["batch_item"], r["partition_hash"],
+                   r["queue_wait"])
         for r, (a, k) in zip(rows, decoded, strict=True)
     ]
 

@@ -68,7 +68,7 @@ UPDATE justonce_jobs
 
 -- name: claim_returning
 RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_token, priority, batch_item,
-          partition_hash
+          partition_hash, MAX(0, NOW() - run_at) AS queue_wait
 
 -- name: job_claim
 {{claim_lease}}
@@ -467,3 +467,20 @@ SELECT state, (state = 'running' AND lease_expires_at <= NOW()), count(*)
 
 -- name: db_now
 SELECT NOW()
+
+-- Metrics
+
+-- name: metrics_snapshot
+-- See the PostgreSQL twin. SQLite reads the heads off the claim indexes (a covering scan
+-- of the ready entries, no table rows), then looks up only the heads' run_at.
+SELECT j.queue, MAX(NOW() - j.run_at)
+  FROM justonce_jobs j
+ WHERE j.id IN (SELECT min(id) FROM justonce_jobs
+                 WHERE state = 'ready' AND partition_hash IS NULL GROUP BY queue, priority
+                UNION ALL
+                SELECT min(id) FROM justonce_jobs
+                 WHERE state = 'ready' AND partition_hash IS NOT NULL GROUP BY queue)
+   AND j.state = 'ready'
+ GROUP BY j.queue
+UNION ALL
+SELECT NULL, count(*) FROM justonce_batches WHERE state IN ('open', 'sealed')
