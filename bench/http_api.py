@@ -33,9 +33,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from webserver import serving  # noqa: E402
-
 from justonce import App, Enqueue  # noqa: E402
+from webserver import serving  # noqa: E402
 
 PG_SERVER = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -83,7 +82,11 @@ def main() -> None:
 
             def http_single(i: int) -> Callable[[], int]:
                 c = client(i)
-                return lambda: (c.post("/api/v1/jobs", json={"task": "bench.t", "args": [i]}).raise_for_status(), 1)[1]
+
+                def step() -> int:
+                    c.post("/api/v1/jobs", json={"task": "bench.t", "args": [i]}).raise_for_status()
+                    return 1
+                return step
 
             def lib_single(i: int) -> Callable[[], int]:
                 return lambda: (lib.enqueue("bench.t", [i]), 1)[1]
