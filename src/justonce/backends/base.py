@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from ..items import ItemGroup, ItemRef
 from ..models import (
     AckResult,
+    AuditEntry,
     BatchInfo,
     BatchPruneReport,
     ClaimedJob,
@@ -27,12 +29,15 @@ from ..models import (
     HousekeepingReport,
     ItemFailure,
     Job,
+    JobFilter,
     MetricsSnapshot,
     NewJob,
     QueueCount,
+    QueueStats,
     SealResult,
     SlotFence,
     SlotInfo,
+    TokenInfo,
 )
 from ..types import JobState
 
@@ -253,6 +258,61 @@ class Backend(Protocol):
         """Entries of a scope (state pending / running / done, or all), by key."""
 
     def effects_count(self, scope: str) -> dict[str, int]: ...
+
+    # -- the service (servicestore.py) ------------------------------------------------------
+    def job_page(self, where: JobFilter, cursor: int | None, limit: int) -> list[Job]:
+        """Jobs matching ``where`` with ``id < cursor`` (all when None), newest first: keyset
+        paging by id, so a page costs the same however deep it is."""
+
+    def jobs_count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
+        """(how many jobs ``action`` ("cancel": live ones; "retry": dead or cancelled ones
+        whose key no live job holds) would act on, the highest such id or None)."""
+
+    def jobs_cancel_matching(self, where: JobFilter, limit: int) -> int:
+        """Cancel up to ``limit`` live jobs matching ``where`` (lowest ids first) in one
+        transaction, marking their batch items failed in it; returns how many. Call again
+        until it returns 0 (a bounded chunk per transaction keeps locks short)."""
+
+    def jobs_retry_matching(self, where: JobFilter, limit: int) -> int:
+        """Make up to ``limit`` dead or cancelled jobs matching ``where`` ready again, in
+        one transaction (never two live jobs of one key: see ``match_retry``); returns
+        how many."""
+
+    def queue_stats(self, exact_below: int) -> list[QueueStats]:
+        """Counts per queue and state, and each queue's next ready job's wait. Exact while
+        the jobs table has fewer than ``exact_below`` rows; above, a backend may sample
+        (``estimated=True``) instead of counting every row."""
+
+    def token_create(self, name: str, scope: str, secret_hash: str, prefix: str) -> TokenInfo:
+        """Store a new token (its hash only). Atomic."""
+
+    def token_find_by_hash(self, secret_hash: str) -> tuple[TokenInfo, str] | None:
+        """The token whose hash this is (revoked or not) and the stored hash, or None."""
+
+    def token_get(self, token_id: int) -> TokenInfo | None: ...
+
+    def token_list(self) -> list[TokenInfo]:
+        """Every token, revoked ones too, by id."""
+
+    def token_revoke(self, token_id: int) -> bool:
+        """Revoke now; False when there is no such token or it was revoked already."""
+
+    def token_touch(self, token_id: int) -> None:
+        """Record a use (``last_used_at``); writes at most once a minute per token."""
+
+    def audit_record(self, token_id: int | None, actor: str, action: str, target: str | None,
+                     count: int | None, detail: dict[str, Any], conn: Any = None) -> int:
+        """Append one entry with the database's time; returns its id. With ``conn`` (from
+        :meth:`transaction`) it commits with the action it records, or not at all."""
+
+    def audit_list(self, cursor: int | None, limit: int) -> list[AuditEntry]:
+        """Newest first, entries with ``id < cursor``."""
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One of this backend's own connections in an open write transaction (Postgres:
+        READ COMMITTED; SQLite: BEGIN IMMEDIATE), committed when the block ends and rolled
+        back if it raises. Pass it as ``conn`` to the operations that take one, so that
+        they commit together (the service commits an action and its audit row so)."""
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         """Lock the caller's row in its transaction on ``conn``; False: no such row."""

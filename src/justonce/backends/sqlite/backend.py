@@ -34,9 +34,11 @@ from ...models import (
     Failure,
     HousekeepingReport,
     Job,
+    JobFilter,
     MetricsSnapshot,
     NewJob,
     QueueCount,
+    QueueStats,
 )
 from ...partitions import register_sqlite_functions
 from ...types import BatchState, JobState
@@ -49,7 +51,7 @@ from ..base import (
     migration_files,
 )
 from ..batchstore import Flip, Key
-from ..effectstore import EffectStore
+from ..servicestore import ServiceStore
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -106,7 +108,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend(EffectStore):
+class SQLiteBackend(ServiceStore):
     name = "sqlite"
 
     def __init__(self, url: str) -> None:
@@ -376,6 +378,21 @@ class SQLiteBackend(EffectStore):
             oldest_ready={r[0]: max(0.0, float(r[1])) for r in rows if r[0] is not None},
             batches_open=int(next((r[1] for r in rows if r[0] is None), 0)))
 
+    def job_page(self, where: JobFilter, cursor: int | None, limit: int) -> list[Job]:
+        params = {**self._filter_params(where), "cursor": cursor, "limit": limit}
+        return [job_from_row(_decode(dict(r))) for r in self._read(Q["job_page"], params)]
+
+    def queue_stats(self, exact_below: int) -> list[QueueStats]:
+        # Always exact: the embedded database has no cheap estimate, and its tables stay
+        # small enough (one machine) that a grouped count is a few hundred ms at worst.
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, n in self._read(Q["queue_counts"]):
+            counts.setdefault(queue, {})[state] = n
+        heads: dict[str, float | None] = {
+            r[0]: r[1] for r in self._read(Q["queue_heads"], {"queues": json.dumps(sorted(counts))})}
+        return [QueueStats(q, c, None if (h := heads.get(q)) is None else max(0.0, h))
+                for q, c in sorted(counts.items())]
+
     # -- worker side ----------------------------------------------------------------------
     @staticmethod
     def _claim_query(queue: str, limit: int, owner: str, lease: float,
@@ -587,6 +604,25 @@ class SQLiteBackend(EffectStore):
 
     def _b_time(self, value: Any) -> datetime | None:
         return _ts(value)
+
+    def _b_at(self, value: datetime | None) -> Any:
+        return _epoch(value)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self._ensure_schema()
+        conn = self._conn()
+        self._busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            conn.execute("ROLLBACK")
+            raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
 
     def _b_insert_jobs(self, c: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[int]:
         return self._insert_many(c, jobs)
