@@ -348,3 +348,18 @@ def test_an_unexpected_failure_is_a_500_problem_without_a_trace(tmp_path: Path) 
     body = assert_problem(r, 500, "InternalError")
     assert body["detail"] is None and "secret" not in r.text
     lib.close()
+
+
+def test_metrics_need_a_read_token_and_show_the_queues_without_job_ids(
+    server: Server, reader: httpx.Client, admin: httpx.Client
+) -> None:
+    """/metrics is Prometheus's text format for any valid token (Prometheus sends it as a
+    bearer token); without one it is a 401 problem like every other route."""
+    job = admin.post("/api/v1/jobs", json={"task": "metrics.probe", "queue": "metered"}).json()
+    with server.client() as anonymous:
+        assert_problem(anonymous.get("/metrics"), 401, "Unauthorized")
+    r = reader.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert 'justonce_queue_jobs{queue="metered",state="ready"}' in r.text
+    assert "justonce_database_up 1.0" in r.text
+    assert f'"{job["id"]}"' not in r.text

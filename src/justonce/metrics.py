@@ -247,8 +247,10 @@ def serve_worker_metrics(worker: Worker, port: int, host: str = "127.0.0.1") -> 
 
 class DatabaseCollector(Collector):
     """What the database knows, read at most once per ``cache_seconds`` (concurrent
-    scrapes wait for the one read in flight and share it): two statements per read,
-    ``queue_counts`` (one grouped count) and ``metrics_snapshot`` (index probes only).
+    scrapes wait for the one read in flight and share it): ``queue_stats`` (exact counts
+    on a small jobs table, a bounded sample past ``App.queue_stats``'s threshold, so a
+    scrape never costs a full scan of a big table) and ``metrics_snapshot`` (index probes
+    only).
 
     ===================================================  ====================================
     ``justonce_queue_jobs{queue,state}``                 jobs per queue and state
@@ -285,7 +287,7 @@ class DatabaseCollector(Collector):
     def _read(self) -> list[GaugeMetricFamily]:
         self.reads += 1
         try:
-            counts = self.app.queue_counts()
+            stats = self.app.queue_stats()
             snap = self.app.metrics_snapshot()
         except Exception as exc:  # noqa: BLE001 - a scrape reports the outage, never a 500
             emit(Event.METRICS_READ_ERROR, "metrics: the database could not be read",
@@ -294,7 +296,7 @@ class DatabaseCollector(Collector):
                                    "1 if the last read of the database worked.")
             up.add_metric([], 0)
             return [up]
-        return self._build((counts, snap))
+        return self._build((stats, snap))
 
     @staticmethod
     def _build(data: Any) -> list[GaugeMetricFamily]:
@@ -308,16 +310,14 @@ class DatabaseCollector(Collector):
         batches = GaugeMetricFamily("justonce_batches_open", "Batches open or sealed, not finished.")
         up = GaugeMetricFamily("justonce_database_up", "1 if the last read of the database worked.")
         if data is not None:
-            counts, snap = data
-            by_queue: dict[str, dict[str, int]] = {}
-            for c in counts:
-                by_queue.setdefault(c.queue, {})[c.state.value] = c.count
+            stats, snap = data
+            by_queue = {st.queue: st.counts for st in stats}
             for queue in sorted(by_queue):
                 for state in JobState:
                     depth.add_metric([queue, state.value], by_queue[queue].get(state.value, 0))
                 oldest.add_metric([queue], snap.oldest_ready.get(queue, 0.0))
-            running.add_metric([], sum(c.count for c in counts if c.state is JobState.RUNNING))
-            dead.add_metric([], sum(c.count for c in counts if c.state is JobState.DEAD))
+            running.add_metric([], sum(c.get(JobState.RUNNING.value, 0) for c in by_queue.values()))
+            dead.add_metric([], sum(c.get(JobState.DEAD.value, 0) for c in by_queue.values()))
             batches.add_metric([], snap.batches_open)
             up.add_metric([], 1)
         return [depth, oldest, running, dead, batches, up]

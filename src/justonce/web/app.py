@@ -1,8 +1,8 @@
 """The service's ASGI application: ``create_app(app)`` → a FastAPI app serving the JSON API
 under ``/api/v1``, its OpenAPI document at ``/openapi.json`` (and ``/docs``).
 
-The paths ``/`` (the dashboard) and ``/metrics`` (Prometheus) are left to the modules that
-own them: they add their routers to the FastAPI app this returns and use
+``/metrics`` serves Prometheus's text format (justonce.metrics) to a read token. The
+dashboard at ``/`` adds its router to the FastAPI app this returns and uses
 ``fastapi_app.state.justonce`` (the App) and ``fastapi_app.state.auth`` (see auth.py).
 
 Request bodies are limited while they are read (:class:`BodyLimit`): a client that sends
@@ -12,16 +12,18 @@ over the limit is refused before anything is read.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..app import App
+from ..metrics import service_metrics
 from . import problems
 from .api_jobs import router as jobs_router
 from .api_more import router as more_router
-from .auth import Auth, secret_key
+from .auth import Auth, Principal, require_read, secret_key
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """8 MiB: room for 100,000 batch item ids (~40 bytes each as JSON) or 10,000 jobs."""
@@ -93,6 +95,13 @@ def from_environment() -> FastAPI:
                       secret=os.environ["JUSTONCE_SECRET_KEY"])
 
 
+async def _metrics(request: Request, _: Annotated[Principal, Depends(require_read)]) -> Response:
+    """Prometheus text format: what the database knows (justonce.metrics.DatabaseCollector).
+    Needs a read token, which Prometheus sends as a bearer token (``authorization:``)."""
+    body, content_type = await run_in_threadpool(service_metrics, request.app.state.justonce)
+    return Response(body, media_type=content_type)
+
+
 def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
                secret: str | None = None, **fastapi_options: Any) -> FastAPI:
     """The service over ``app``. ``secret``: the key that signs session cookies (default
@@ -109,5 +118,6 @@ def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
     problems.install(api)
     api.include_router(jobs_router, prefix=API_PREFIX)
     api.include_router(more_router, prefix=API_PREFIX)
+    api.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     api.add_middleware(BodyLimit, limit=max_body_bytes)
     return api
