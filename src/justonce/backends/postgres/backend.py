@@ -39,6 +39,7 @@ from ..base import (
     migration_files,
 )
 from ..batchstore import Flip, Key
+from ..dashstore import DashboardStore
 from ..effectstore import EffectStore
 
 try:
@@ -97,7 +98,7 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
     return value in _TRUE
 
 
-class PostgresBackend(EffectStore):
+class PostgresBackend(DashboardStore, EffectStore):
     name = "postgres"
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:

@@ -316,6 +316,66 @@ ON CONFLICT (name) DO UPDATE
  WHERE m.next_run_at <= now()
 RETURNING name
 
+-- Dashboard (backends/dashstore.py, web/snapshot.py). Each statement stays bounded on a
+-- big jobs table: it reads the planner's statistics, walks a partial index, or stops
+-- after %(cap)s rows. They run once per refresh per server process, never per viewer.
+
+-- The planner's row count (kept by autovacuum / ANALYZE): -1 before the first ANALYZE.
+-- name: dash_jobs_estimate
+SELECT c.reltuples::bigint FROM pg_class c WHERE c.oid = to_regclass('justonce_jobs')
+
+-- name: dash_jobs_capped
+SELECT count(*) FROM (SELECT 1 FROM justonce_jobs LIMIT %(cap)s) s
+
+-- (queue, state) pairs as ANALYZE saw them: the multivariate MCV list of the statistics
+-- object created in 0006 (each pair's share of the sample) times the row estimate.
+-- name: dash_counts_estimated
+SELECT s.most_common_vals[i][1], s.most_common_vals[i][2],
+       round(s.most_common_freqs[i] * greatest(c.reltuples, 0))::bigint
+  FROM pg_stats_ext s
+  JOIN pg_class c ON c.oid = to_regclass('justonce_jobs'),
+       LATERAL generate_subscripts(s.most_common_vals, 1) AS i
+ WHERE s.schemaname = current_schema() AND s.statistics_name = 'justonce_jobs_queue_state'
+
+-- As many running jobs as workers run them: exact, on the leases' partial index.
+-- name: dash_counts_running
+SELECT queue, 'running', count(*) FROM justonce_jobs WHERE state = 'running' GROUP BY queue
+
+-- On 0006's partial index of dead jobs (queue is INCLUDEd: an index-only scan).
+-- name: dash_counts_dead
+SELECT queue, count(*)
+  FROM (SELECT queue FROM justonce_jobs WHERE state = 'dead' LIMIT %(cap)s) d
+ GROUP BY queue
+
+-- On the claim index: an index-only scan of at most %(cap)s entries.
+-- name: dash_count_ready
+SELECT count(*)
+  FROM (SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = %(queue)s LIMIT %(cap)s) r
+
+-- The finished-jobs index from %(since)s on: as many rows as jobs finished since then.
+-- name: dash_finished_since
+SELECT floor(extract(epoch FROM finished_at))::bigint, state, count(*)
+  FROM justonce_jobs
+ WHERE finished_at >= to_timestamp(%(since)s::float8) AND state IN ('succeeded','dead')
+ GROUP BY 1, 2
+
+-- name: dash_clock
+SELECT extract(epoch FROM now())::float8
+
+-- name: dash_running
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'running'
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
+
+-- name: dash_dead
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'dead'
+ ORDER BY finished_at DESC
+ LIMIT %(limit)s
+
 -- name: db_now
 SELECT now()
 

@@ -40,6 +40,7 @@ from ..base import (
     migration_files,
 )
 from ..batchstore import Flip, Key
+from ..dashstore import DashboardStore
 from ..effectstore import EffectStore
 
 HERE = Path(__file__).parent
@@ -97,7 +98,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend(EffectStore):
+class SQLiteBackend(DashboardStore, EffectStore):
     name = "sqlite"
 
     def __init__(self, url: str) -> None:

@@ -465,5 +465,53 @@ SELECT state, (state = 'running' AND lease_expires_at <= NOW()), count(*)
   FROM justonce_effects WHERE scope = :scope
  GROUP BY 1, 2
 
+-- Dashboard (backends/dashstore.py, web/snapshot.py): see the PostgreSQL file. SQLite has
+-- no planner row estimate; the span of ids (two rowid look-ups) stands in for one.
+
+-- name: dash_jobs_estimate
+SELECT COALESCE(max(id) - min(id) + 1, 0) FROM justonce_jobs
+
+-- name: dash_jobs_capped
+SELECT count(*) FROM (SELECT 1 FROM justonce_jobs LIMIT :cap)
+
+-- SQLite keeps no per-value statistics: the count of a big table, grouped (the snapshot
+-- runs it at most once per refresh interval and spaces refreshes by their cost).
+-- name: dash_counts_estimated
+SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state
+
+-- name: dash_counts_running
+SELECT queue, 'running', count(*) FROM justonce_jobs WHERE state = 'running' GROUP BY queue
+
+-- name: dash_counts_dead
+SELECT queue, count(*)
+  FROM (SELECT queue FROM justonce_jobs WHERE state = 'dead' LIMIT :cap)
+ GROUP BY queue
+
+-- name: dash_count_ready
+SELECT count(*) FROM (SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue LIMIT :cap)
+
+-- name: dash_finished_since
+SELECT CAST(finished_at AS INTEGER), state, count(*)
+  FROM justonce_jobs
+ WHERE finished_at >= :since AND state IN ('succeeded','dead')
+ GROUP BY 1, 2
+
+-- name: dash_clock
+SELECT NOW()
+
+-- name: dash_running
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'running'
+ ORDER BY lease_expires_at
+ LIMIT :limit
+
+-- name: dash_dead
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'dead'
+ ORDER BY finished_at DESC
+ LIMIT :limit
+
 -- name: db_now
 SELECT NOW()
