@@ -17,6 +17,9 @@ EXPECTED = {
     # effects
     "AT_LEAST_ONCE", "AT_MOST_ONCE", "EffectClaim", "EffectInfo", "EffectNotFound",
     "EffectOutcome", "Effects", "LockTimeout",
+    # the service: job filters and actions on all matching, queue stats, tokens, audit
+    "JobFilter", "CountChanged", "QueueStats", "Tokens", "TokenInfo", "TokenNotFound", "Audit",
+    "AuditEntry",
 }
 
 

@@ -9,6 +9,7 @@ from .errors import (
     BatchExpired,
     BatchNotFound,
     ConfigurationError,
+    CountChanged,
     DatabaseUnavailable,
     EffectNotFound,
     InvalidArguments,
@@ -28,14 +29,27 @@ from .errors import (
     PartitionSetNotFound,
     PayloadTooLarge,
     SchemaError,
+    TokenNotFound,
     UnknownTask,
     ValidationError,
 )
 from .items import ItemGroup
-from .models import AckResult, BatchInfo, EffectInfo, Job, SealResult, SlotInfo
+from .models import (
+    AckResult,
+    AuditEntry,
+    BatchInfo,
+    EffectInfo,
+    Job,
+    JobFilter,
+    QueueStats,
+    SealResult,
+    SlotInfo,
+    TokenInfo,
+)
 from .partitions import PartitionLease, Partitions, partition_of, slot_predicate
 from .retry import Backoff
 from .tasks import Enqueue, Task
+from .tokens import Audit, Tokens
 from .types import BatchState, JobState
 from .validate import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES
 from .worker import Worker
@@ -43,6 +57,14 @@ from .worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "Audit",
+    "AuditEntry",
+    "CountChanged",
+    "JobFilter",
+    "QueueStats",
+    "TokenInfo",
+    "TokenNotFound",
+    "Tokens",
     "AT_LEAST_ONCE",
     "AT_MOST_ONCE",
     "MAX_PAYLOAD_BYTES",

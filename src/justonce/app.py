@@ -17,11 +17,12 @@ from . import validate
 from .backends import Backend, open_backend, resolve_url
 from .batches import Batches
 from .effects import Effects
-from .errors import InvalidOption, InvalidTransition, JobNotFound, UnknownTask
-from .models import Job, NewJob, QueueCount
+from .errors import CountChanged, InvalidOption, InvalidTransition, JobNotFound, UnknownTask
+from .models import Job, JobFilter, NewJob, QueueCount, QueueStats
 from .partitions import Partitions, partition_hash
 from .retry import Backoff
 from .tasks import Enqueue, Task
+from .tokens import Audit, Tokens
 from .types import JobState
 
 log = logging.getLogger("justonce")
@@ -29,6 +30,8 @@ log = logging.getLogger("justonce")
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 20
 DEFAULT_TIMEOUT = 300.0
+EXACT_COUNT_BELOW = 100_000
+"""Jobs-table size below which queue counts are exact (see :meth:`App.queue_stats`)."""
 
 
 class App:
@@ -52,6 +55,10 @@ class App:
         """Partition leases and scans; see :class:`~justonce.partitions.Partitions`."""
         self.effects = Effects(self)
         """The effect ledger; see :class:`~justonce.effects.Effects`."""
+        self.tokens = Tokens(self)
+        """API tokens of the service; see :class:`~justonce.tokens.Tokens`."""
+        self.audit = Audit(self)
+        """The service's audit trail; see :class:`~justonce.tokens.Audit`."""
 
     # -- wiring -------------------------------------------------------------------------
     @property
@@ -247,6 +254,75 @@ class App:
     def queue_counts(self) -> list[QueueCount]:
         return self.backend.queue_counts()
 
+    def queue_stats(self, exact_below: int = EXACT_COUNT_BELOW) -> list[QueueStats]:
+        """Per queue: jobs by state and the wait of its next ready job. Counts are exact
+        while the jobs table has fewer than ``exact_below`` rows; above that, Postgres
+        counts a sample of the table (``estimated=True``) so that a dashboard refresh
+        never costs a full scan."""
+        return self.backend.queue_stats(validate.count(exact_below, "exact_below", 2**62))
+
+    def job_filter(
+        self, *, state: str | JobState | None = None, queue: str | None = None,
+        task: str | None = None, created_after: datetime | None = None,
+        created_before: datetime | None = None, max_id: int | None = None,
+    ) -> JobFilter:
+        """Validate a filter of jobs (every part optional)."""
+        for t, what in ((created_after, "created_after"), (created_before, "created_before")):
+            if t is not None and (not isinstance(t, datetime) or t.tzinfo is None):
+                raise InvalidOption(f"{what} must be a timezone-aware datetime")
+        return JobFilter(
+            state=validate.optional_state(state, JobState),
+            queue=validate.queue_name(queue) if queue is not None else None,
+            task=validate.task_name(task) if task is not None else None,
+            created_after=created_after, created_before=created_before,
+            max_id=_job_id(max_id) if max_id is not None else None,
+        )
+
+    def list_jobs_page(self, where: JobFilter | None = None, *, cursor: int | None = None,
+                       limit: int = 50) -> tuple[list[Job], int | None]:
+        """One page of jobs matching ``where``, newest first, and the cursor of the next
+        page (None on the last one). Keyset paging by id: pages stay consistent while jobs
+        are added (new ones never shift an old page)."""
+        limit = validate.count(limit, "limit", 1000)
+        if cursor is not None:
+            _job_id(cursor)
+        jobs = self.backend.job_page(where or JobFilter(), cursor, limit + 1)
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        return jobs, (jobs[-1].id if more else None)
+
+    def count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
+        """The preview of an action on all matching jobs: (how many jobs it would act
+        on, the highest id among them, to pass to :meth:`apply_matching`)."""
+        _action_states(action, where)
+        return self.backend.jobs_count_matching(action, where)
+
+    def apply_matching(self, action: str, where: JobFilter, *, expected: int,
+                       tolerance: int = 0, chunk: int = 1000) -> int:
+        """Cancel (live jobs) or retry (dead or cancelled jobs) every job matching
+        ``where``, in chunks of ``chunk`` jobs, one transaction each; returns how many.
+
+        Pass the preview's ``max_id`` in ``where`` so that jobs created after the preview
+        are never touched. Raises :class:`CountChanged` (and changes nothing) when more
+        jobs match now than ``expected + tolerance``; fewer is fine (some finished)."""
+        _action_states(action, where)
+        for value, what in ((expected, "expected"), (tolerance, "tolerance")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidOption(f"{what} must be an integer >= 0, not {value!r}")
+        chunk = validate.count(chunk, "chunk", 10_000)
+        now, _ = self.backend.jobs_count_matching(action, where)
+        if now > expected + tolerance:
+            raise CountChanged(
+                f"{now} jobs match now, {expected} were previewed (tolerance "
+                f"{tolerance}): preview again")
+        op = self.backend.jobs_cancel_matching if action == "cancel" else self.backend.jobs_retry_matching
+        done = 0
+        while True:
+            n = op(where, chunk)
+            done += n
+            if n < chunk:
+                return done
+
     def wait(self, job_id: int, timeout: float = 30.0, poll: float = 0.05) -> Job:
         """Poll until the job is finished (succeeded, dead or cancelled) or ``timeout``."""
         timeout = validate.bounded(timeout, "timeout", 0, 86400)
@@ -257,6 +333,17 @@ class App:
             if not job.state.is_live or time.monotonic() >= deadline:
                 return job
             time.sleep(poll)
+
+
+_ACTION_STATES = {"cancel": ("scheduled", "ready", "running"), "retry": ("dead", "cancelled")}
+
+
+def _action_states(action: str, where: JobFilter) -> None:
+    states = _ACTION_STATES.get(action)
+    if states is None:
+        raise InvalidOption(f"action must be cancel or retry, not {action!r}")
+    if where.state is not None and where.state not in states:
+        raise InvalidOption(f"{action} applies to jobs in states {', '.join(states)}, not {where.state}")
 
 
 def _option(given: Any, task_default: Any, default: Any, check: Callable[[Any], Any]) -> Any:

@@ -82,6 +82,15 @@ class KeyConflict(InvalidTransition):
     """Another live job holds the key, so this job cannot be made live again."""
 
 
+class TokenNotFound(JustonceError, LookupError):
+    """No API token with that id."""
+
+
+class CountChanged(InvalidTransition):
+    """"Apply to all matching": more jobs match now than the preview counted (beyond the
+    tolerance the caller gave). Nothing was changed; preview again."""
+
+
 class PartitionSetNotFound(JustonceError, LookupError):
     """No partition set of that name (no process ever acquired a slot of it)."""
 

@@ -263,3 +263,67 @@ class EffectInfo:
     created_at: datetime
     updated_at: datetime
     done_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs a listing or an "apply to all matching" action covers. Every field is
+    optional (None = any); times are compared with ``created_at``: ``created_after``
+    inclusive, ``created_before`` exclusive. ``max_id`` bounds an action to the jobs that
+    existed when its preview counted them."""
+
+    state: str | None = None
+    queue: str | None = None
+    task: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    max_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue's jobs by state, and how long its next ready job has waited.
+
+    ``estimated``: the counts come from a sample of the table (it is past the exact-count
+    threshold), not from a full count. ``oldest_ready_age``: seconds since ``run_at`` of the
+    ready job the queue hands out next (lowest priority, then oldest id); None when nothing
+    is ready."""
+
+    queue: str
+    counts: dict[str, int]
+    oldest_ready_age: float | None
+    estimated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """An API token as stored: never its secret (only a hash of it is kept)."""
+
+    id: int
+    name: str
+    scope: str
+    """``read`` (see everything, change nothing) or ``admin`` (also act)."""
+    prefix: str
+    """The secret's first characters, ``jo_<prefix>``, to recognise a token in a list."""
+    created_at: datetime
+    last_used_at: datetime | None = None
+    """Updated at most once a minute."""
+    revoked_at: datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One action taken through the service: who (token), what, on what, on how many."""
+
+    id: int
+    at: datetime
+    token_id: int | None
+    actor: str
+    action: str
+    target: str | None
+    count: int | None
+    detail: dict[str, Any]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ..items import ItemGroup, ItemRef
 from ..models import (
     AckResult,
+    AuditEntry,
     BatchInfo,
     BatchPruneReport,
     ClaimedJob,
@@ -27,11 +28,14 @@ from ..models import (
     HousekeepingReport,
     ItemFailure,
     Job,
+    JobFilter,
     NewJob,
     QueueCount,
+    QueueStats,
     SealResult,
     SlotFence,
     SlotInfo,
+    TokenInfo,
 )
 from ..types import JobState
 from .dashstore import Count, JobLine
@@ -249,6 +253,54 @@ class Backend(Protocol):
         """Entries of a scope (state pending / running / done, or all), by key."""
 
     def effects_count(self, scope: str) -> dict[str, int]: ...
+
+    # -- the service (servicestore.py) ------------------------------------------------------
+    def job_page(self, where: JobFilter, cursor: int | None, limit: int) -> list[Job]:
+        """Jobs matching ``where`` with ``id < cursor`` (all when None), newest first: keyset
+        paging by id, so a page costs the same however deep it is."""
+
+    def jobs_count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
+        """(how many jobs ``action`` ("cancel": live ones; "retry": dead or cancelled ones
+        whose key no live job holds) would act on, the highest such id or None)."""
+
+    def jobs_cancel_matching(self, where: JobFilter, limit: int) -> int:
+        """Cancel up to ``limit`` live jobs matching ``where`` (lowest ids first) in one
+        transaction, marking their batch items failed in it; returns how many. Call again
+        until it returns 0 (a bounded chunk per transaction keeps locks short)."""
+
+    def jobs_retry_matching(self, where: JobFilter, limit: int) -> int:
+        """Make up to ``limit`` dead or cancelled jobs matching ``where`` ready again, in
+        one transaction (never two live jobs of one key: see ``match_retry``); returns
+        how many."""
+
+    def queue_stats(self, exact_below: int) -> list[QueueStats]:
+        """Counts per queue and state, and each queue's next ready job's wait. Exact while
+        the jobs table has fewer than ``exact_below`` rows; above, a backend may sample
+        (``estimated=True``) instead of counting every row."""
+
+    def token_create(self, name: str, scope: str, secret_hash: str, prefix: str) -> TokenInfo:
+        """Store a new token (its hash only). Atomic."""
+
+    def token_find_by_hash(self, secret_hash: str) -> tuple[TokenInfo, str] | None:
+        """The token whose hash this is (revoked or not) and the stored hash, or None."""
+
+    def token_get(self, token_id: int) -> TokenInfo | None: ...
+
+    def token_list(self) -> list[TokenInfo]:
+        """Every token, revoked ones too, by id."""
+
+    def token_revoke(self, token_id: int) -> bool:
+        """Revoke now; False when there is no such token or it was revoked already."""
+
+    def token_touch(self, token_id: int) -> None:
+        """Record a use (``last_used_at``); writes at most once a minute per token."""
+
+    def audit_record(self, token_id: int | None, actor: str, action: str, target: str | None,
+                     count: int | None, detail: dict[str, Any]) -> int:
+        """Append one entry with the database's time; returns its id."""
+
+    def audit_list(self, cursor: int | None, limit: int) -> list[AuditEntry]:
+        """Newest first, entries with ``id < cursor``."""
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         """Lock the caller's row in its transaction on ``conn``; False: no such row."""

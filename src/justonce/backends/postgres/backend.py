@@ -28,7 +28,17 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...models import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    HousekeepingReport,
+    Job,
+    JobFilter,
+    NewJob,
+    QueueCount,
+    QueueStats,
+)
 from ...types import JobState
 from ..base import (
     Partitioning,
@@ -40,7 +50,7 @@ from ..base import (
 )
 from ..batchstore import Flip, Key
 from ..dashstore import DashboardStore
-from ..effectstore import EffectStore
+from ..servicestore import ServiceStore
 
 try:
     import psycopg
@@ -98,7 +108,7 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
     return value in _TRUE
 
 
-class PostgresBackend(DashboardStore, EffectStore):
+class PostgresBackend(DashboardStore, ServiceStore):
     name = "postgres"
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
@@ -400,6 +410,28 @@ class PostgresBackend(DashboardStore, EffectStore):
             ) from exc
         return job_from_row(rows[0]) if rows else None
 
+    def job_page(self, where: JobFilter, cursor: int | None, limit: int) -> list[Job]:
+        params = {**self._filter_params(where), "cursor": cursor, "limit": limit}
+        return [job_from_row(r) for r in self._fetch("job_page", params, dicts=True)]
+
+    def queue_stats(self, exact_below: int) -> list[QueueStats]:
+        reltuples, size = self._fetch("jobs_size_estimate", {})[0]
+        # Before the first ANALYZE reltuples is -1: guess from the size (~250 bytes a row).
+        rows = int(reltuples) if reltuples >= 0 else int(size) // 250
+        counts: dict[str, dict[str, int]] = {}
+        estimated = rows >= exact_below
+        if estimated:
+            # A block sample of about 50,000 rows: its cost does not grow with the table.
+            percent = min(100.0, max(0.01, 100.0 * 50_000 / max(rows, 1)))
+            for queue, state, n in self._fetch("queue_counts_sampled", {"percent": percent}):
+                counts.setdefault(queue, {})[state] = round(n * 100.0 / percent)
+        else:
+            for queue, state, n in self._fetch("queue_counts", {}):
+                counts.setdefault(queue, {})[state] = n
+        heads = dict(self._fetch("queue_heads", {"queues": sorted(counts)}))
+        return [QueueStats(q, c, None if heads.get(q) is None else max(0.0, float(heads[q])),
+                           estimated) for q, c in sorted(counts.items())]
+
     def queue_counts(self) -> list[QueueCount]:
         return [QueueCount(q, JobState(s), n) for q, s, n in self._fetch("queue_counts", {})]
 
@@ -620,6 +652,9 @@ class PostgresBackend(DashboardStore, EffectStore):
         return c
 
     def _b_time(self, value: Any) -> datetime | None:
+        return value
+
+    def _b_at(self, value: datetime | None) -> Any:
         return value
 
     def _b_insert_jobs(self, c: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:

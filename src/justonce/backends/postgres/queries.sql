@@ -700,3 +700,131 @@ SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last
 SELECT state, (state = 'running' AND lease_expires_at <= now()), count(*)
   FROM justonce_effects WHERE scope = %(scope)s
  GROUP BY 1, 2
+
+-- Service: tokens and audit --------------------------------------------------------------
+
+-- name: token_create
+INSERT INTO justonce_api_tokens (name, scope, secret_hash, prefix)
+VALUES (%(name)s, %(scope)s, %(secret_hash)s, %(prefix)s)
+RETURNING id, name, scope, prefix, created_at, last_used_at, revoked_at
+
+-- name: token_find_by_hash
+-- The UNIQUE index on secret_hash finds the row; tokens.py compares the hash again in
+-- constant time.
+SELECT id, name, scope, prefix, created_at, last_used_at, revoked_at, secret_hash
+  FROM justonce_api_tokens WHERE secret_hash = %(secret_hash)s
+
+-- name: token_get
+SELECT id, name, scope, prefix, created_at, last_used_at, revoked_at
+  FROM justonce_api_tokens WHERE id = %(id)s
+
+-- name: token_list
+SELECT id, name, scope, prefix, created_at, last_used_at, revoked_at
+  FROM justonce_api_tokens ORDER BY id
+
+-- name: token_revoke
+UPDATE justonce_api_tokens SET revoked_at = now()
+ WHERE id = %(id)s AND revoked_at IS NULL
+RETURNING id
+
+-- name: token_touch
+-- At most one write a minute per token: the condition makes the other calls no-ops.
+UPDATE justonce_api_tokens SET last_used_at = now()
+ WHERE id = %(id)s AND (last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')
+RETURNING id
+
+-- name: audit_record
+INSERT INTO justonce_audit (token_id, actor, action, target, count, detail)
+VALUES (%(token_id)s, %(actor)s, %(action)s, %(target)s, %(count)s, %(detail)s::jsonb)
+RETURNING id
+
+-- name: audit_list
+SELECT id, at, token_id, actor, action, target, count, detail
+  FROM justonce_audit
+ WHERE (%(cursor)s::bigint IS NULL OR id < %(cursor)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- Service: job listings with filters, and actions on all matching jobs --------------------
+
+-- name: job_filter
+-- (A fragment: the filters of a listing, over the alias j.)
+(%(state)s::text IS NULL OR j.state = %(state)s)
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR j.task = %(task)s)
+   AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s)
+   AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s)
+   AND (%(max_id)s::bigint IS NULL OR j.id <= %(max_id)s)
+
+-- name: match_cancel
+-- (A fragment: the jobs "cancel all matching" acts on: live ones.)
+j.state IN ('scheduled','ready','running') AND {{job_filter}}
+
+-- name: match_retry
+-- (A fragment: the jobs "retry all matching" acts on: dead or cancelled ones. A keyed job
+-- is left out when a live job holds its key, and only the newest finished job of a key is
+-- taken, so one chunk never makes two live jobs of one key.)
+j.state IN ('dead','cancelled') AND {{job_filter}}
+   AND (j.key IS NULL OR (
+        NOT EXISTS (SELECT 1 FROM justonce_jobs l
+                     WHERE l.key = j.key AND l.state IN ('scheduled','ready','running'))
+        AND j.id = (SELECT max(k.id) FROM justonce_jobs k
+                     WHERE k.key = j.key AND k.state IN ('dead','cancelled'))))
+
+-- name: job_page
+-- Newest first, keyset paging by id: the primary key walks backwards from the cursor.
+SELECT * FROM justonce_jobs j
+ WHERE {{job_filter}} AND (%(cursor)s::bigint IS NULL OR j.id < %(cursor)s)
+ ORDER BY j.id DESC
+ LIMIT %(limit)s
+
+-- name: jobs_count_cancel
+SELECT count(*), max(j.id) FROM justonce_jobs j WHERE {{match_cancel}}
+
+-- name: jobs_count_retry
+SELECT count(*), max(j.id) FROM justonce_jobs j WHERE {{match_retry}}
+
+-- name: jobs_cancel_matching
+-- One chunk, in id order. FOR UPDATE (not SKIP LOCKED): a job a worker is claiming right
+-- now is waited for, not skipped, and its state is checked again once the lock is ours.
+WITH picked AS (
+    SELECT j.id FROM justonce_jobs j WHERE {{match_cancel}} ORDER BY j.id LIMIT %(limit)s
+       FOR UPDATE
+)
+UPDATE justonce_jobs t
+   SET state = 'cancelled', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL
+  FROM picked
+ WHERE t.id = picked.id AND t.state IN ('scheduled','ready','running')
+RETURNING t.id, t.batch_item
+
+-- name: jobs_retry_matching
+WITH picked AS (
+    SELECT j.id FROM justonce_jobs j WHERE {{match_retry}} ORDER BY j.id LIMIT %(limit)s
+       FOR UPDATE
+), up AS (
+    UPDATE justonce_jobs t
+       SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL,
+           lease_owner = NULL, lease_expires_at = NULL
+      FROM picked
+     WHERE t.id = picked.id AND t.state IN ('dead','cancelled')
+    RETURNING t.id, t.queue
+)
+SELECT up.id, (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT queue AS q FROM up) r)
+  FROM up
+
+-- name: jobs_size_estimate
+-- The planner's row count (-1 before the first ANALYZE; then the size on disk says it).
+SELECT reltuples::bigint, pg_relation_size(oid) FROM pg_class WHERE oid = 'justonce_jobs'::regclass
+
+-- name: queue_counts_sampled
+-- Above the threshold: a block sample instead of a full count (scaled in Python).
+SELECT queue, state, count(*) FROM justonce_jobs TABLESAMPLE SYSTEM (%(percent)s)
+ GROUP BY queue, state
+
+-- name: queue_heads
+-- The ready job each queue would hand out next (lowest priority, then id): one descent of
+-- the claim index per queue. Its wait (now - run_at) is the queue's latency.
+SELECT q, (SELECT extract(epoch FROM now() - j.run_at) FROM justonce_jobs j
+            WHERE j.state = 'ready' AND j.queue = q
+            ORDER BY j.priority, j.id LIMIT 1)
+  FROM unnest(%(queues)s::text[]) q

@@ -28,7 +28,17 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...models import ClaimedJob, Completion, Failure, HousekeepingReport, Job, NewJob, QueueCount
+from ...models import (
+    ClaimedJob,
+    Completion,
+    Failure,
+    HousekeepingReport,
+    Job,
+    JobFilter,
+    NewJob,
+    QueueCount,
+    QueueStats,
+)
 from ...partitions import register_sqlite_functions
 from ...types import BatchState, JobState
 from ..base import (
@@ -41,7 +51,7 @@ from ..base import (
 )
 from ..batchstore import Flip, Key
 from ..dashstore import DashboardStore
-from ..effectstore import EffectStore
+from ..servicestore import ServiceStore
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -98,7 +108,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend(DashboardStore, EffectStore):
+class SQLiteBackend(DashboardStore, ServiceStore):
     name = "sqlite"
 
     def __init__(self, url: str) -> None:
@@ -362,6 +372,21 @@ class SQLiteBackend(DashboardStore, EffectStore):
     def queue_counts(self) -> list[QueueCount]:
         return [QueueCount(r[0], JobState(r[1]), r[2]) for r in self._read(Q["queue_counts"])]
 
+    def job_page(self, where: JobFilter, cursor: int | None, limit: int) -> list[Job]:
+        params = {**self._filter_params(where), "cursor": cursor, "limit": limit}
+        return [job_from_row(_decode(dict(r))) for r in self._read(Q["job_page"], params)]
+
+    def queue_stats(self, exact_below: int) -> list[QueueStats]:
+        # Always exact: the embedded database has no cheap estimate, and its tables stay
+        # small enough (one machine) that a grouped count is a few hundred ms at worst.
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, n in self._read(Q["queue_counts"]):
+            counts.setdefault(queue, {})[state] = n
+        heads: dict[str, float | None] = {
+            r[0]: r[1] for r in self._read(Q["queue_heads"], {"queues": json.dumps(sorted(counts))})}
+        return [QueueStats(q, c, None if (h := heads.get(q)) is None else max(0.0, h))
+                for q, c in sorted(counts.items())]
+
     # -- worker side ----------------------------------------------------------------------
     @staticmethod
     def _claim_query(queue: str, limit: int, owner: str, lease: float,
@@ -573,6 +598,9 @@ class SQLiteBackend(DashboardStore, EffectStore):
 
     def _b_time(self, value: Any) -> datetime | None:
         return _ts(value)
+
+    def _b_at(self, value: datetime | None) -> Any:
+        return _epoch(value)
 
     def _b_insert_jobs(self, c: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[int]:
         return self._insert_many(c, jobs)

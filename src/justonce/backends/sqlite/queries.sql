@@ -515,3 +515,108 @@ SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expire
 
 -- name: db_now
 SELECT NOW()
+
+-- Service: tokens and audit --------------------------------------------------------------
+
+-- name: token_create
+INSERT INTO justonce_api_tokens (name, scope, secret_hash, prefix, created_at)
+VALUES (:name, :scope, :secret_hash, :prefix, NOW())
+RETURNING id, name, scope, prefix, created_at, last_used_at, revoked_at
+
+-- name: token_find_by_hash
+-- The UNIQUE index on secret_hash finds the row; tokens.py compares the hash again in
+-- constant time.
+SELECT id, name, scope, prefix, created_at, last_used_at, revoked_at, secret_hash
+  FROM justonce_api_tokens WHERE secret_hash = :secret_hash
+
+-- name: token_get
+SELECT id, name, scope, prefix, created_at, last_used_at, revoked_at
+  FROM justonce_api_tokens WHERE id = :id
+
+-- name: token_list
+SELECT id, name, scope, prefix, created_at, last_used_at, revoked_at
+  FROM justonce_api_tokens ORDER BY id
+
+-- name: token_revoke
+UPDATE justonce_api_tokens SET revoked_at = NOW()
+ WHERE id = :id AND revoked_at IS NULL
+RETURNING id
+
+-- name: token_touch
+-- At most one write a minute per token: the condition makes the other calls no-ops.
+UPDATE justonce_api_tokens SET last_used_at = NOW()
+ WHERE id = :id AND (last_used_at IS NULL OR last_used_at < NOW() - 60)
+RETURNING id
+
+-- name: audit_record
+INSERT INTO justonce_audit (at, token_id, actor, action, target, count, detail)
+VALUES (NOW(), :token_id, :actor, :action, :target, :count, :detail)
+RETURNING id
+
+-- name: audit_list
+SELECT id, at, token_id, actor, action, target, count, detail
+  FROM justonce_audit
+ WHERE (:cursor IS NULL OR id < :cursor)
+ ORDER BY id DESC
+ LIMIT :limit
+
+-- Service: job listings with filters, and actions on all matching jobs --------------------
+
+-- name: job_filter
+-- (A fragment: the filters of a listing, over the alias j.)
+(:state IS NULL OR j.state = :state)
+   AND (:queue IS NULL OR j.queue = :queue)
+   AND (:task IS NULL OR j.task = :task)
+   AND (:created_after IS NULL OR j.created_at >= :created_after)
+   AND (:created_before IS NULL OR j.created_at < :created_before)
+   AND (:max_id IS NULL OR j.id <= :max_id)
+
+-- name: match_cancel
+-- (A fragment: the jobs "cancel all matching" acts on: live ones.)
+j.state IN ('scheduled','ready','running') AND {{job_filter}}
+
+-- name: match_retry
+-- (A fragment: the jobs "retry all matching" acts on: dead or cancelled ones. A keyed job
+-- is left out when a live job holds its key, and only the newest finished job of a key is
+-- taken, so one chunk never makes two live jobs of one key.)
+j.state IN ('dead','cancelled') AND {{job_filter}}
+   AND (j.key IS NULL OR (
+        NOT EXISTS (SELECT 1 FROM justonce_jobs l
+                     WHERE l.key = j.key AND l.state IN ('scheduled','ready','running'))
+        AND j.id = (SELECT max(k.id) FROM justonce_jobs k
+                     WHERE k.key = j.key AND k.state IN ('dead','cancelled'))))
+
+-- name: job_page
+-- Newest first, keyset paging by id: the primary key walks backwards from the cursor.
+SELECT * FROM justonce_jobs j
+ WHERE {{job_filter}} AND (:cursor IS NULL OR j.id < :cursor)
+ ORDER BY j.id DESC
+ LIMIT :limit
+
+-- name: jobs_count_cancel
+SELECT count(*), max(j.id) FROM justonce_jobs j WHERE {{match_cancel}}
+
+-- name: jobs_count_retry
+SELECT count(*), max(j.id) FROM justonce_jobs j WHERE {{match_retry}}
+
+-- name: jobs_cancel_matching
+UPDATE justonce_jobs
+   SET state = 'cancelled', finished_at = NOW(), lease_owner = NULL, lease_expires_at = NULL
+ WHERE id IN (SELECT j.id FROM justonce_jobs j WHERE {{match_cancel}} ORDER BY j.id LIMIT :limit)
+RETURNING id, batch_item
+
+-- name: jobs_retry_matching
+UPDATE justonce_jobs
+   SET state = 'ready', attempts = 0, run_at = NOW(), finished_at = NULL,
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id IN (SELECT j.id FROM justonce_jobs j WHERE {{match_retry}} ORDER BY j.id LIMIT :limit)
+RETURNING id
+
+-- name: queue_heads
+-- The ready job each queue would hand out next (lowest priority, then id): one descent of
+-- the claim index per queue. Its wait (now - run_at) is the queue's latency.
+SELECT q.value,
+       (SELECT NOW() - j.run_at FROM justonce_jobs j
+         WHERE j.state = 'ready' AND j.queue = q.value
+         ORDER BY j.priority, j.id LIMIT 1)
+  FROM json_each(:queues) q
