@@ -431,5 +431,8 @@ def demo_push(users: int, workers: int, kill_one: bool, smtp: str | None, seed: 
     sys.exit(0 if ok else 1)
 
 
+from . import cli_service  # noqa: E402,F401  (registers serve and tokens)
+
+
 def main() -> None:
     cli(prog_name="justonce")

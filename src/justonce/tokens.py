@@ -125,12 +125,15 @@ class Audit:
     def __init__(self, app: App) -> None:
         self.app = app
 
-    def record(self, actor: TokenInfo | None, action: str, target: str | None = None,
-               count: int | None = None, detail: dict[str, Any] | None = None) -> int:
-        """Write one entry (who, what, on what, how many) with the database's time."""
+    def record(self, action: str, target: str | None = None, count: int | None = None,
+               detail: dict[str, Any] | None = None, *, token_id: int | None = None,
+               actor: str = "local") -> int:
+        """Write one entry with the database's time: who (``token_id`` and its name as
+        ``actor``), what (``action``, e.g. ``jobs.cancel``), on what (``target``), on how
+        many (``count``), and anything else (``detail``, JSON)."""
         action = validate.text(action, "action", 100)
         return self.app.backend.audit_record(
-            actor.id if actor else None, actor.name if actor else "local", action,
+            token_id, validate.text(actor, "actor", 200), action,
             None if target is None else validate.text(target, "target", 1000),
             count, detail or {})
 

@@ -1,0 +1,84 @@
+"""``justonce serve`` and ``justonce tokens …``: thin — parse, call the App, print."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from .cli import cli, database_option, load_app, out
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; loopback unless you mean to expose the service.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@database_option
+@click.option("--app", "app_path", default=None, metavar="MODULE:APP",
+              help="Your App, for its task defaults; without it any task name is accepted "
+              "(enqueue-only, as App(strict=False)).")
+@click.option("--secret-key", envvar="JUSTONCE_SECRET_KEY", default=None,
+              help="Signs session cookies [env JUSTONCE_SECRET_KEY]; random per process if unset.")
+@click.option("--max-body-bytes", default=8 * 1024 * 1024, show_default=True,
+              type=click.IntRange(1024, 1 << 30), help="Larger request bodies get 413.")
+@click.option("--log-level", default="warning", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve(host: str, port: int, database_url: str | None, app_path: str | None,
+          secret_key: str | None, max_body_bytes: int, log_level: str) -> None:
+    """Serve the JSON API (and OpenAPI document at /openapi.json) over HTTP."""
+    try:
+        import uvicorn
+
+        from .web.app import create_app
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise click.ClickException(f"justonce serve needs fastapi and uvicorn: {exc}") from None
+    app = load_app(app_path, database_url, strict=False)
+    app.backend.schema_version()  # fail now, not on the first request, if unreachable
+    api = create_app(app, max_body_bytes=max_body_bytes, secret=secret_key)
+    out.print(f"justonce serving {app.database_url.split('?')[0]} on http://{host}:{port} "
+              f"(API /api/v1, docs /docs)", highlight=False)
+    uvicorn.run(api, host=host, port=port, log_level=log_level, access_log=False,
+                timeout_keep_alive=30, server_header=False)
+
+
+@cli.group()
+def tokens() -> None:
+    """API tokens of `justonce serve`: create, list, revoke."""
+
+
+@tokens.command("create")
+@click.option("--name", required=True, help="Who or what uses it (shown in lists and the audit).")
+@click.option("--scope", required=True, type=click.Choice(["read", "admin"]),
+              help="read: see everything, change nothing; admin: also act.")
+@database_option
+def tokens_create(name: str, scope: str, database_url: str | None) -> None:
+    """Create a token and print its secret (shown this once; only its hash is stored)."""
+    app = load_app(None, database_url, strict=False)
+    info, secret = app.tokens.create(name, scope)
+    click.echo(secret)
+    click.echo(f"token {info.id} ({info.name}, {info.scope}): keep the secret above, it is not "
+               "shown again", err=True)
+
+
+@tokens.command("list")
+@database_option
+def tokens_list(database_url: str | None) -> None:
+    """Every token (never their secrets)."""
+    found = load_app(None, database_url, strict=False).tokens.list()
+    if not found:
+        out.print("no tokens")
+        return
+    table = Table("id", "name", "scope", "prefix", "created", "last used", "revoked")
+    for t in found:
+        table.add_row(str(t.id), t.name, t.scope, f"jo_{t.prefix}_…", f"{t.created_at:%Y-%m-%d %H:%M}",
+                      f"{t.last_used_at:%Y-%m-%d %H:%M}" if t.last_used_at else "-",
+                      f"{t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "-")
+    out.print(table)
+
+
+@tokens.command("revoke")
+@click.argument("token_id", type=click.IntRange(1, 2**63 - 1))
+@database_option
+def tokens_revoke(token_id: int, database_url: str | None) -> None:
+    """Revoke a token: it and the sessions signed in with it stop working at once."""
+    info = load_app(None, database_url, strict=False).tokens.revoke(token_id)
+    out.print(f"token {info.id} ({info.name}) revoked")

@@ -1,0 +1,99 @@
+"""The service's ASGI application: ``create_app(app)`` → a FastAPI app serving the JSON API
+under ``/api/v1``, its OpenAPI document at ``/openapi.json`` (and ``/docs``).
+
+The paths ``/`` (the dashboard) and ``/metrics`` (Prometheus) are left to the modules that
+own them: they add their routers to the FastAPI app this returns and use
+``fastapi_app.state.justonce`` (the App) and ``fastapi_app.state.auth`` (see auth.py).
+
+Request bodies are limited while they are read (:class:`BodyLimit`): a client that sends
+more than ``max_body_bytes`` gets 413 before the rest is read, and a ``Content-Length``
+over the limit is refused before anything is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..app import App
+from . import problems
+from .api_jobs import router as jobs_router
+from .api_more import router as more_router
+from .auth import Auth, secret_key
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""8 MiB: room for 100,000 batch item ids (~40 bytes each as JSON) or 10,000 jobs."""
+API_PREFIX = "/api/v1"
+
+
+class BodyLimit:
+    """ASGI middleware: read the request body up to ``limit`` bytes, then hand it on;
+    answer 413 as soon as it is over the limit."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or {}).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._refuse(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.limit:
+                await self._refuse(send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        resp = problems.problem_response(
+            413, "BodyTooLarge", f"request bodies are limited to {self.limit} bytes",
+            headers={"Connection": "close"})
+        await resp({"type": "http"}, _nothing, send)
+
+
+async def _nothing() -> Message:  # pragma: no cover - a response never reads
+    return {"type": "http.disconnect"}
+
+
+def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
+               secret: str | None = None, **fastapi_options: Any) -> FastAPI:
+    """The service over ``app``. ``secret``: the key that signs session cookies (default
+    ``$JUSTONCE_SECRET_KEY``, else random per process)."""
+    api = FastAPI(
+        title="justonce", version="1",
+        description="Jobs, queues, batches, partitions and effects of one justonce database. "
+        "Every call needs `Authorization: Bearer <token>` (justonce tokens create) or a "
+        "session cookie; actions need an admin token. Errors are RFC 9457 problem documents.",
+        **fastapi_options,
+    )
+    api.state.justonce = app
+    api.state.auth = Auth(app, secret_key(secret))
+    problems.install(api)
+    api.include_router(jobs_router, prefix=API_PREFIX)
+    api.include_router(more_router, prefix=API_PREFIX)
+    api.add_middleware(BodyLimit, limit=max_body_bytes)
+    return api

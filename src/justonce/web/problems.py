@@ -1,0 +1,130 @@
+"""Errors as RFC 9457 problem documents (``application/problem+json``).
+
+Every error answer of the service is one JSON object::
+
+    {"type": "/problems/JobNotFound", "title": "Not Found", "status": 404,
+     "detail": "no job 7", "error": "JobNotFound"}
+
+``error`` is the library's error class name (a :class:`~justonce.errors.JustonceError`
+subclass) or one of the service's own (``Unauthorized``, ``Forbidden``, ``CsrfFailed``,
+``MalformedJson``, ``BodyTooLarge``, ``RequestValidation``, ``NotFound``,
+``MethodNotAllowed``, ``InternalError``); ``type`` is ``/problems/<error>``. Validation
+failures add ``errors``: where and what (pydantic's ``loc`` and ``msg``). An unexpected
+exception gives a 500 with no detail (it is logged server-side): never a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import errors as E
+
+log = logging.getLogger("justonce.web")
+MEDIA_TYPE = "application/problem+json"
+
+# Most specific first: the first class an error is an instance of decides its status.
+STATUS: list[tuple[type[BaseException], int]] = [
+    (E.CountChanged, 409),
+    (E.LockTimeout, 503),
+    (E.DatabaseUnavailable, 503),
+    (E.PayloadTooLarge, 413),
+    (E.InvalidTransition, 409),  # KeyConflict, BatchExpired, PartitionConflict too
+    (E.LeaseLost, 409),
+    (E.NoFreeSlot, 503),
+    (E.ValidationError, 422),  # InvalidName, InvalidOption, InvalidItemId, UnknownTask…
+    (LookupError, 404),  # JobNotFound, BatchNotFound, ItemNotFound, TokenNotFound…
+    (E.SchemaError, 503),
+    (E.ConfigurationError, 500),
+]
+
+
+class ProblemDoc(BaseModel):
+    """An RFC 9457 problem document."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    error: str
+
+
+class Problem(Exception):
+    """An error answer raised by the service itself (not by the library)."""
+
+    def __init__(self, status: int, error: str, detail: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+        super().__init__(detail or error)
+        self.status, self.error, self.detail = status, error, detail
+        self.headers = headers
+        self.extra = extra
+
+
+def problem_response(status: int, error: str, detail: str | None = None,
+                     headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": f"/problems/{error}", "title": HTTPStatus(status).phrase, "status": status,
+        "detail": detail, "error": error, **extra,
+    }
+    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def status_of(exc: BaseException) -> int:
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 400
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into a problem document."""
+
+    @app.exception_handler(Problem)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc.status, exc.error, exc.detail, exc.headers, **exc.extra)
+
+    @app.exception_handler(E.JustonceError)
+    async def _library(request: Request, exc: E.JustonceError) -> JSONResponse:
+        status = status_of(exc)
+        if status >= 500 and not isinstance(exc, E.DatabaseUnavailable | E.SchemaError):
+            log.error("request failed: %s: %s", type(exc).__name__, exc)
+            return problem_response(status, type(exc).__name__)
+        return problem_response(status, type(exc).__name__, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errs):
+            return problem_response(400, "MalformedJson", "the request body is not valid JSON")
+        details = [{"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+                   for e in errs[:20]]
+        first = details[0] if details else {"loc": [], "msg": "invalid request"}
+        return problem_response(
+            422, "RequestValidation", f"{'.'.join(first['loc'])}: {first['msg']}", errors=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = {404: "NotFound", 405: "MethodNotAllowed", 413: "BodyTooLarge",
+                 400: "BadRequest"}.get(exc.status_code, "HttpError")
+        detail = exc.detail if isinstance(exc.detail, str) else None
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.method} {request.url.path}"
+        return problem_response(exc.status_code, error, detail, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, ValueError | TypeError) and not isinstance(exc, E.JustonceError):
+            # The library's validators raise its own errors; a bare ValueError here means
+            # input we did not expect to reach a parser: the client's fault, still no trace.
+            log.warning("request refused: %s: %s", type(exc).__name__, exc)
+            return problem_response(400, "BadRequest", str(exc)[:500])
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return problem_response(500, "InternalError")
