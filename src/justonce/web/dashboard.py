@@ -30,8 +30,8 @@ from starlette.concurrency import run_in_threadpool
 from ..app import App
 from ..backends.dashstore import Count
 from ..errors import JustonceError, ValidationError
-from ..models import TokenInfo
 from . import session
+from .auth import Principal, audit
 from .snapshot import STATES, Snapshots
 
 HERE = Path(__file__).parent
@@ -186,9 +186,8 @@ async def _form(request: Request) -> dict[str, str]:
 def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
     env = _env()
     r = APIRouter(include_in_schema=False)
-    sessions = session.Sessions(app)
 
-    def render(name: str, request: Request, viewer: TokenInfo, **ctx: Any) -> HTMLResponse:
+    def render(name: str, request: Request, viewer: Principal, **ctx: Any) -> HTMLResponse:
         snap_now = ctx.pop("now", None) or time.time()
         ctx.setdefault("section", "/" + request.url.path.strip("/").split("/")[0]
                        if request.url.path != "/" else "/")
@@ -198,31 +197,31 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                                                    n=request.query_params.get("n", ""))
         err = request.query_params.get("err")
         html = env.get_template(name).render(
-            viewer=viewer, admin=viewer.scope == "admin", csrf=sessions.csrf(request),
+            viewer=viewer, admin=viewer.is_admin, csrf=viewer.csrf or "",
             ago=lambda v: relative(v, snap_now), until=lambda v: relative(v, snap_now),
             ts=lambda v: v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if v else "",
             pretty=lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str),
             limit=LIST_LIMIT, flash=flash or (err or ""), flash_bad=bool(err), **{"title": name, **ctx})
         return HTMLResponse(html, headers=_NO_STORE)
 
-    def signed_in(request: Request) -> TokenInfo:
-        v = sessions.viewer(request)
+    def signed_in(request: Request) -> Principal:
+        v = session.viewer(request)
         if v is None:
             raise SignInFirst()
         return v
 
     Viewer = Depends(signed_in)
 
-    async def admin_form(request: Request) -> tuple[TokenInfo, dict[str, str]]:
+    async def admin_form(request: Request) -> tuple[Principal, dict[str, str]]:
         """A POST action: signed in, valid CSRF field, admin scope; else 403 (401 without
         a session)."""
         form = await _form(request)
-        v = await run_in_threadpool(sessions.viewer, request)
+        v = await run_in_threadpool(session.viewer, request)
         if v is None:
             raise HTTPException(401, "sign in first")
-        if not sessions.csrf_ok(request, form.get("csrf")):
+        if not session.csrf_ok(v, form.get("csrf")):
             raise HTTPException(403, "missing or wrong CSRF token: reload the page")
-        if v.scope != "admin":
+        if not v.is_admin:
             raise HTTPException(403, "this token is read-only: actions need an admin token")
         return v, form
 
@@ -243,15 +242,16 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                 next=nxt, error="That token is not valid (unknown, revoked or mistyped).")
             return HTMLResponse(html, status_code=401, headers=_NO_STORE)
         response = RedirectResponse(nxt, 303)
-        sessions.start(response, info, secure=request.url.scheme == "https")
+        session.start(request, response, info)
         return response
 
     @r.post("/signout")
     async def signout(request: Request) -> Response:
         form = await _form(request)
         response = RedirectResponse("/signin", 303)
-        if sessions.csrf_ok(request, form.get("csrf")):
-            sessions.end(response)
+        v = await run_in_threadpool(session.viewer, request)
+        if v is not None and session.csrf_ok(v, form.get("csrf")):
+            session.end(request, response)
         return response
 
     # -- pages -------------------------------------------------------------------------
@@ -264,15 +264,15 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                 "window_label": f"{len(ok) // 60} minutes"}
 
     @r.get("/", response_class=HTMLResponse)
-    def overview(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def overview(request: Request, viewer: Principal = Viewer) -> Response:
         return render("overview.html", request, viewer, title="Overview", **overview_ctx())
 
     @r.get("/live/overview", response_class=HTMLResponse)
-    def live_overview(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def live_overview(request: Request, viewer: Principal = Viewer) -> Response:
         return render("_overview.html", request, viewer, **overview_ctx())
 
     @r.get("/dashboard/snapshot")
-    def snapshot_json(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def snapshot_json(request: Request, viewer: Principal = Viewer) -> Response:
         return JSONResponse(snapshots.get().as_json(), headers=_NO_STORE)
 
     def job_filter(q: dict[str, str]) -> dict[str, Any]:
@@ -284,7 +284,7 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return {**f, "hidden": hidden, "url": "/jobs" + ("?" + urlencode(hidden) if hidden else "")}
 
     @r.get("/jobs", response_class=HTMLResponse)
-    def jobs(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def jobs(request: Request, viewer: Principal = Viewer) -> Response:
         f = job_filter(dict(request.query_params))
         with _shown():
             rows, _ = app.list_jobs_page(app.job_filter(**f), limit=LIST_LIMIT)
@@ -323,15 +323,15 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                 raise HTTPException(400, "max_id and expected must be integers") from None
             where = app.job_filter(**f, max_id=max_id or None)
             n = app.apply_matching(action, where, expected=expected)
-            app.audit.record(viewer, f"jobs.{action}_matching", json.dumps(f), n,
-                             {"expected": expected, "max_id": max_id, "via": "dashboard"})
+            audit(request, viewer, f"jobs.{action}_matching", json.dumps(f), n,
+                  expected=expected, max_id=max_id, via="dashboard")
             back = {k: v for k, v in f.items() if v}
             return RedirectResponse("/jobs?" + urlencode({**back, "ok": f"applied_{action}", "n": n}), 303)
 
         return await run_in_threadpool(_guard(run, "/jobs"))
 
     @r.get("/jobs/{job_id}", response_class=HTMLResponse)
-    def job_page(job_id: str, request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def job_page(job_id: str, request: Request, viewer: Principal = Viewer) -> Response:
         with _shown():
             job = app.get_job(_int(job_id))
         return render("job.html", request, viewer, title=f"Job {job.id}", job=job,
@@ -344,7 +344,7 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
 
             def run() -> Response:
                 fn(jid)
-                app.audit.record(viewer, f"job.{verb}", f"job:{jid}", 1, {"via": "dashboard"})
+                audit(request, viewer, f"job.{verb}", f"job:{jid}", 1, via="dashboard")
                 nxt = _safe_next(form.get("next"), request.headers.get("referer", "/"))
                 done = "cancelled" if verb == "cancel" else "retried"
                 return RedirectResponse(_with(nxt, ok=done, id=jid), 303)
@@ -361,11 +361,11 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return {"batches": snap.batches, "now": snap.now}
 
     @r.get("/batches", response_class=HTMLResponse)
-    def batches(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def batches(request: Request, viewer: Principal = Viewer) -> Response:
         return render("batches.html", request, viewer, title="Batches", **batches_ctx())
 
     @r.get("/live/batches", response_class=HTMLResponse)
-    def live_batches(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def live_batches(request: Request, viewer: Principal = Viewer) -> Response:
         return render("_batches.html", request, viewer, **batches_ctx())
 
     batch_cache: dict[int, tuple[float, Any, Any]] = {}
@@ -383,13 +383,13 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return {"b": hit[1], "failures": hit[2], "now": snapshots.get().now, "section": "/batches"}
 
     @r.get("/batches/{batch_id}", response_class=HTMLResponse)
-    def batch_page(batch_id: str, request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def batch_page(batch_id: str, request: Request, viewer: Principal = Viewer) -> Response:
         with _shown():
             ctx = batch_ctx(batch_id)
         return render("batch.html", request, viewer, title=f"Batch {ctx['b'].id}", **ctx)
 
     @r.get("/live/batches/{batch_id}", response_class=HTMLResponse)
-    def live_batch(batch_id: str, request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def live_batch(batch_id: str, request: Request, viewer: Principal = Viewer) -> Response:
         with _shown():
             ctx = batch_ctx(batch_id)
         return render("_batch.html", request, viewer, **ctx)
@@ -399,11 +399,11 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return {"slots": snap.slots, "now": snap.now, "section": "/partitions"}
 
     @r.get("/partitions", response_class=HTMLResponse)
-    def partitions(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def partitions(request: Request, viewer: Principal = Viewer) -> Response:
         return render("partitions.html", request, viewer, title="Partitions", **slots_ctx())
 
     @r.get("/live/partitions", response_class=HTMLResponse)
-    def live_partitions(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def live_partitions(request: Request, viewer: Principal = Viewer) -> Response:
         return render("_partitions.html", request, viewer, **slots_ctx())
 
     def effects_ctx() -> dict[str, Any]:
@@ -411,11 +411,11 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return {"effects": snap.in_doubt, "now": snap.now, "section": "/effects"}
 
     @r.get("/effects", response_class=HTMLResponse)
-    def effects(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def effects(request: Request, viewer: Principal = Viewer) -> Response:
         return render("effects.html", request, viewer, title="Effects", **effects_ctx())
 
     @r.get("/live/effects", response_class=HTMLResponse)
-    def live_effects(request: Request, viewer: TokenInfo = Viewer) -> Response:
+    def live_effects(request: Request, viewer: Principal = Viewer) -> Response:
         return render("_effects.html", request, viewer, **effects_ctx())
 
     @r.post("/effects/resolve")
@@ -428,8 +428,7 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         def run() -> Response:
             scope, key = form.get("scope", ""), form.get("key", "")
             app.effects.resolve(scope, key, done=state == "done")
-            app.audit.record(viewer, f"effect.resolve_{state}", f"{scope}:{key}", 1,
-                             {"via": "dashboard"})
+            audit(request, viewer, f"effect.resolve_{state}", f"{scope}:{key}", 1, via="dashboard")
             return RedirectResponse("/effects?ok=resolved", 303)
 
         return await run_in_threadpool(_guard(run, "/effects"))
