@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pgcluster import free_port
 
 from justonce import App
 from justonce.models import Failure
+from pgcluster import free_port
 
 CHROMIUM = os.environ.get("JUSTONCE_CHROMIUM", "/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
