@@ -12,8 +12,9 @@ from ..tasks import Enqueue
 from ..types import JobState
 from . import schemas as S
 from .auth import Principal, audit, require_admin, require_read
+from .problems import ERRORS
 
-router = APIRouter()
+router = APIRouter(responses=ERRORS)
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
 JobId = Annotated[int, Path(ge=1, le=S.BIGINT)]

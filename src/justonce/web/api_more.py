@@ -11,9 +11,9 @@ from ..app import App
 from ..types import BatchState
 from . import schemas as S
 from .auth import Principal, audit, require_admin, require_read
-from .problems import Problem
+from .problems import ERRORS, Problem
 
-router = APIRouter()
+router = APIRouter(responses=ERRORS)
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
 BatchId = Annotated[int, Path(ge=1, le=S.BIGINT)]

@@ -57,6 +57,19 @@ class ProblemDoc(BaseModel):
     error: str
 
 
+_SCHEMA = ProblemDoc.model_json_schema()
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for error answers: problem documents."""
+    return {status: {"description": HTTPStatus(status).phrase,
+                     "content": {MEDIA_TYPE: {"schema": _SCHEMA}}} for status in statuses}
+
+
+ERRORS = documented(400, 401, 403, 404, 409, 413, 422, 500, 503)
+"""Every route may answer with these (the auth, body-limit and library errors)."""
+
+
 class Problem(Exception):
     """An error answer raised by the service itself (not by the library)."""
 

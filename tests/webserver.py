@@ -1,0 +1,81 @@
+"""A real ``justonce serve`` process for the service tests, and a client for it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def justonce(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the CLI in a child process (inherits PYTHONPATH)."""
+    r = subprocess.run([sys.executable, "-m", "justonce", *args], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    if ok:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+@dataclass
+class Server:
+    url: str
+    db_url: str
+    admin: str
+    reader: str
+    process: subprocess.Popen[bytes]
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@contextmanager
+def serving(db_url: str, log: Path) -> Iterator[Server]:
+    """Migrate, create an admin and a read token with the CLI, start ``justonce serve`` on
+    a free loopback port and wait for its OpenAPI document; terminate it at the end."""
+    justonce("migrate", "--database-url", db_url)
+    admin = justonce("tokens", "create", "--name", "test admin", "--scope", "admin",
+                     "--database-url", db_url).stdout.strip()
+    reader = justonce("tokens", "create", "--name", "test reader", "--scope", "read",
+                      "--database-url", db_url).stdout.strip()
+    port = free_port()
+    env = {**os.environ, "JUSTONCE_SECRET_KEY": uuid.uuid4().hex}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "justonce", "serve", "--port", str(port), "--database-url", db_url],
+            stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/openapi.json", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"justonce serve did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+    try:
+        yield Server(url, db_url, admin, reader, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
