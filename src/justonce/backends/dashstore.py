@@ -8,16 +8,22 @@ refresh interval per server process (web/snapshot.py), never once per viewer.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-COUNT_CAP = 10_000
-"""Capped counts stop after this many rows (and show as "10,000+")."""
+COUNT_CAP = 1_000
+"""Capped counts stop after this many rows (and show as "1,000+", or as the statistics'
+estimate when that is higher)."""
 
-EXACT_BELOW = 100_000
-"""Jobs tables estimated smaller than this are counted exactly (a GROUP BY over at most
-this many rows); bigger ones are estimated from the planner's statistics."""
+EXACT_BELOW = 10_000
+"""Jobs tables smaller than this are counted exactly (a GROUP BY over at most this many
+rows, which is also how a table whose statistics are stale is found to be bigger);
+bigger ones are estimated and capped, never counted in full."""
+
+MAX_QUEUES = 200
+"""The dashboard lists at most this many queues with ready jobs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,39 +56,64 @@ class DashboardStore:
     """Mixin: the Backend protocol's ``dash_*`` operations."""
 
     def dash_counts(self) -> dict[tuple[str, str], Count]:
-        """Jobs per (queue, state). Exact while the table is small (below EXACT_BELOW by
-        the planner's row estimate); above, the planner's statistics for each pair, except
-        running (exact: a partial index, as many rows as workers run), ready per queue and
-        dead (capped counts over their partial indexes). Never a full count of a big table."""
-        estimate = self._dash_estimate()
-        if estimate < EXACT_BELOW:
-            rows = self._b_read("queue_counts", {})
-            return {(q, s): Count(int(n)) for q, s, n in rows}
-        recounted = ("running", "ready", "dead")
-        estimated = self._b_read("dash_counts_estimated", {})
-        queues = sorted({q for q, _, _ in estimated})
-        counts = {(q, s): Count(int(n), "estimate") for q, s, n in estimated
-                  if n and s not in recounted}
+        """Jobs per (queue, state), bounded whatever the size of the table.
+
+        Below EXACT_BELOW rows: exact (a GROUP BY that reads at most EXACT_BELOW rows; the
+        planner's row estimate only decides whether to try it). Above: running jobs exact
+        (as many as workers run); ready, scheduled and dead capped at COUNT_CAP per queue
+        (partial indexes, in index order); succeeded and cancelled estimated from the
+        planner's statistics (PostgreSQL's multivariate MCV list) or, without them, from
+        the newest COUNT_CAP jobs scaled to the table's size. A capped count whose estimate
+        is higher shows the estimate."""
+        size = self._dash_estimate()
+        if size < EXACT_BELOW:
+            rows = self._b_read("dash_counts_exact", {"cap": EXACT_BELOW})
+            if sum(int(n) for _, _, n in rows) < EXACT_BELOW:
+                return {(q, s): Count(int(n)) for q, s, n in rows}
+        estimates = self._dash_estimates(size)
+        counts = {(q, s): Count(n, "estimate") for (q, s), n in estimates.items()
+                  if s in ("succeeded", "cancelled") and n}
         for q, s, n in self._b_read("dash_counts_running", {}):
             counts[(q, s)] = Count(int(n))
-        # Dead jobs are rare and often missing from ANALYZE's sample: count them (capped).
-        dead = self._b_read("dash_counts_dead", {"cap": COUNT_CAP + 1})
-        capped = sum(int(n) for _, n in dead) > COUNT_CAP
-        for q, n in dead:
-            counts[(q, "dead")] = Count(int(n), "capped" if capped else "exact")
-        for q in queues:
-            n = int(self._b_read("dash_count_ready", {"queue": q, "cap": COUNT_CAP + 1})[0][0])
-            counts[(q, "ready")] = Count(min(n, COUNT_CAP), "capped" if n > COUNT_CAP else "exact")
-        return {k: v for k, v in counts.items() if v.n or v.kind != "exact"}
+
+        def capped(key: tuple[str, str], n: int, reached: bool) -> None:
+            if not reached:
+                counts[key] = Count(n)
+            elif estimates.get(key, 0) > n:
+                counts[key] = Count(estimates[key], "estimate")
+            else:
+                counts[key] = Count(n, "capped")
+
+        rows = self._b_read("dash_counts_capped", {"cap": COUNT_CAP})
+        per_state: dict[str, int] = {}
+        for _, s, n in rows:
+            per_state[s] = per_state.get(s, 0) + int(n)
+        for q, s, n in rows:
+            capped((q, s), int(n), per_state[s] >= COUNT_CAP)
+        queues = [q for (q,) in self._b_read("dash_ready_queues", {"limit": MAX_QUEUES})]
+        if queues:
+            ready = self._b_read("dash_count_ready", {"queues": json.dumps(sorted(queues)),
+                                                      "cap": COUNT_CAP})
+            for q, n in ready:
+                capped((q, "ready"), int(n), int(n) >= COUNT_CAP)
+        return counts
 
     def _dash_estimate(self) -> int:
-        """The planner's row count of the jobs table (Postgres: pg_class.reltuples; SQLite:
-        the span of ids); before the first ANALYZE, a count capped at EXACT_BELOW."""
+        """The planner's row count of the jobs table (PostgreSQL: pg_class.reltuples, -1
+        before the first ANALYZE; SQLite: the span of ids). One catalog or rowid look-up."""
         rows = self._b_read("dash_jobs_estimate", {})
-        n = int(rows[0][0]) if rows and rows[0][0] is not None else -1
-        if n < 0:
-            n = int(self._b_read("dash_jobs_capped", {"cap": EXACT_BELOW})[0][0])
-        return n
+        return int(rows[0][0]) if rows and rows[0][0] is not None else -1
+
+    def _dash_estimates(self, size: int) -> dict[tuple[str, str], int]:
+        """Estimated jobs per (queue, state): the statistics, else a sample of the newest
+        COUNT_CAP jobs scaled to the table's estimated size."""
+        found = {(q, s): int(n) for q, s, n in self._b_read("dash_counts_estimated", {})}
+        if found:
+            return found
+        rows = self._b_read("dash_counts_sample", {"cap": COUNT_CAP})
+        seen = sum(int(n) for _, _, n in rows)
+        scale = max(size, seen) / seen if seen else 0.0
+        return {(q, s): round(int(n) * scale) for q, s, n in rows}
 
     def dash_finished_since(self, since: float) -> list[tuple[int, str, int]]:
         """(second since the epoch, 'succeeded' or 'dead', jobs) for jobs finished at or

@@ -29,7 +29,14 @@ from starlette.concurrency import run_in_threadpool
 
 from ..app import App
 from ..backends.dashstore import Count
-from ..errors import JustonceError, ValidationError
+from ..errors import (
+    CountChanged,
+    DatabaseUnavailable,
+    InvalidTransition,
+    JustonceError,
+    KeyConflict,
+    ValidationError,
+)
 from . import session
 from .auth import Principal, audit
 from .snapshot import STATES, Snapshots
@@ -44,6 +51,18 @@ MESSAGES = {
     "applied_cancel": "Cancelled {n} jobs.", "applied_retry": "Retried {n} jobs.",
     "resolved": "Effect resolved.",
 }
+ERRORS = {
+    "count_changed": "The number of matching jobs changed since the preview: nothing was "
+                     "changed. Preview again and confirm the new count.",
+    "key_conflict": "Another live job holds this job's key: it cannot be retried while that "
+                    "one is live.",
+    "not_allowed": "This job is no longer in a state that allows it (it moved on since the "
+                   "page was shown).",
+    "invalid": "The request was not valid (a filter or a value the library refused).",
+    "unavailable": "The database did not answer in time: try again.",
+    "failed": "The action failed.",
+}
+"""What ``?err=`` may say: a code from this table, never text from the URL."""
 
 
 def mount_dashboard(web: FastAPI, app: App, *, interval: float = 1.0) -> Snapshots:
@@ -193,9 +212,9 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                        if request.url.path != "/" else "/")
         ctx["section"] = ctx["section"] if ctx["section"] in dict(NAV) else "/"
         msg = request.query_params.get("ok")
-        flash = MESSAGES.get(msg or "", "").format(id=request.query_params.get("id", ""),
-                                                   n=request.query_params.get("n", ""))
-        err = request.query_params.get("err")
+        flash = MESSAGES.get(msg or "", "").format(id=_digits(request.query_params.get("id")),
+                                                   n=_digits(request.query_params.get("n")))
+        err = ERRORS.get(request.query_params.get("err") or "")
         html = env.get_template(name).render(
             viewer=viewer, admin=viewer.is_admin, csrf=viewer.csrf or "",
             ago=lambda v: relative(v, snap_now), until=lambda v: relative(v, snap_now),
@@ -286,10 +305,16 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
     @r.get("/jobs", response_class=HTMLResponse)
     def jobs(request: Request, viewer: Principal = Viewer) -> Response:
         f = job_filter(dict(request.query_params))
+        before = request.query_params.get("before")
+        cursor = _int(before) if before else None
         with _shown():
-            rows, _ = app.list_jobs_page(app.job_filter(**f), limit=LIST_LIMIT)
-        return render("jobs.html", request, viewer, title="Jobs", jobs=rows, f=filter_view(f),
-                      preview=None, now=app.backend.dash_clock())
+            rows, nxt = app.list_jobs_page(app.job_filter(**f), cursor=cursor, limit=LIST_LIMIT)
+        view = filter_view(f)
+        older = view["url"] + ("&" if view["hidden"] else "?") + urlencode({"before": nxt}) \
+            if nxt is not None else None
+        return render("jobs.html", request, viewer, title="Jobs", jobs=rows, f=view,
+                      preview=None, now=app.backend.dash_clock(), older=older,
+                      paged=cursor is not None)
 
     @r.post("/jobs/preview", response_class=HTMLResponse)
     async def jobs_preview(request: Request) -> Response:
@@ -306,7 +331,8 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
             preview = {"action": action, "count": count, "max_id": max_id,
                        "what": f"{states} jobs where {what}"}
             return render("jobs.html", request, viewer, title="Jobs", jobs=rows,
-                          f=filter_view(f), preview=preview, now=app.backend.dash_clock())
+                          f=filter_view(f), preview=preview, now=app.backend.dash_clock(),
+                          older=None, paged=False)
 
         return await run_in_threadpool(_guard(run, "/jobs"))
 
@@ -449,6 +475,11 @@ def _int(value: str) -> int:
     return n
 
 
+def _digits(value: str | None) -> str:
+    """A number from the URL for a flash message, or nothing (never free text)."""
+    return value if value and value.isdigit() and len(value) <= 20 else ""
+
+
 def _with(url: str, **params: Any) -> str:
     """``url``'s local path (a Referer is a full URL) with ``params`` as its query."""
     return _safe_next(urlsplit(url).path) + "?" + urlencode(params)
@@ -465,6 +496,16 @@ def _shown() -> Iterator[None]:
         raise PageError(400, str(exc)) from None
 
 
+def _error_code(exc: JustonceError) -> str:
+    """The ERRORS code of a library error (the redirect carries the code, not the text)."""
+    for cls, code in ((CountChanged, "count_changed"), (KeyConflict, "key_conflict"),
+                      (InvalidTransition, "not_allowed"), (ValidationError, "invalid"),
+                      (DatabaseUnavailable, "unavailable")):
+        if isinstance(exc, cls):
+            return code
+    return "failed"
+
+
 def _guard(fn: Callable[[], Response], back: str) -> Callable[[], Response]:
     """Run an action; a library error (a job that is no longer dead, a count that changed)
     goes back to ``back`` with its message, never as a stack trace."""
@@ -474,5 +515,5 @@ def _guard(fn: Callable[[], Response], back: str) -> Callable[[], Response]:
         except LookupError as exc:
             raise PageError(404, str(exc)) from None
         except JustonceError as exc:
-            return RedirectResponse(_with(back, err=str(exc)[:300]), 303)
+            return RedirectResponse(_with(back, err=_error_code(exc)), 303)
     return run

@@ -54,6 +54,11 @@ class Snapshot:
     """Wall time of the refresh that made this snapshot (its database round trips)."""
     refreshes: int
 
+    @property
+    def kinds(self) -> set[str]:
+        """The kinds of count shown ("exact", "capped", "estimate"): the footnotes needed."""
+        return {c.kind for q in self.queues for c in q.counts.values()}
+
     def as_json(self) -> dict[str, Any]:
         """The snapshot as JSON (GET /dashboard/snapshot)."""
         return {
