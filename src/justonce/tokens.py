@@ -127,15 +127,16 @@ class Audit:
 
     def record(self, action: str, target: str | None = None, count: int | None = None,
                detail: dict[str, Any] | None = None, *, token_id: int | None = None,
-               actor: str = "local") -> int:
+               actor: str = "local", conn: Any = None) -> int:
         """Write one entry with the database's time: who (``token_id`` and its name as
         ``actor``), what (``action``, e.g. ``jobs.cancel``), on what (``target``), on how
-        many (``count``), and anything else (``detail``, JSON)."""
+        many (``count``), and anything else (``detail``, JSON). ``conn``: a connection from
+        ``app.backend.transaction()``, so that the entry commits with the action."""
         action = validate.text(action, "action", 100)
         return self.app.backend.audit_record(
             token_id, validate.text(actor, "actor", 200), action,
             None if target is None else validate.text(target, "target", 1000),
-            count, detail or {})
+            count, detail or {}, conn=conn)
 
     def list(self, cursor: int | None = None, limit: int = 100) -> builtins.list[AuditEntry]:
         """Newest first; ``cursor``: only entries with a smaller id (the next page)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -296,11 +297,18 @@ class Backend(Protocol):
         """Record a use (``last_used_at``); writes at most once a minute per token."""
 
     def audit_record(self, token_id: int | None, actor: str, action: str, target: str | None,
-                     count: int | None, detail: dict[str, Any]) -> int:
-        """Append one entry with the database's time; returns its id."""
+                     count: int | None, detail: dict[str, Any], conn: Any = None) -> int:
+        """Append one entry with the database's time; returns its id. With ``conn`` (from
+        :meth:`transaction`) it commits with the action it records, or not at all."""
 
     def audit_list(self, cursor: int | None, limit: int) -> list[AuditEntry]:
         """Newest first, entries with ``id < cursor``."""
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One of this backend's own connections in an open write transaction (Postgres:
+        READ COMMITTED; SQLite: BEGIN IMMEDIATE), committed when the block ends and rolled
+        back if it raises. Pass it as ``conn`` to the operations that take one, so that
+        they commit together (the service commits an action and its audit row so)."""
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         """Lock the caller's row in its transaction on ``conn``; False: no such row."""

@@ -83,10 +83,10 @@ class ServiceStore(EffectStore):
 
     # -- audit --------------------------------------------------------------------------
     def audit_record(self, token_id: int | None, actor: str, action: str, target: str | None,
-                     count: int | None, detail: dict[str, Any]) -> int:
+                     count: int | None, detail: dict[str, Any], conn: Any = None) -> int:
         params = {"token_id": token_id, "actor": actor, "action": action, "target": target,
                   "count": count, "detail": json.dumps(detail, separators=(",", ":"), default=str)}
-        return int(self._b_tx(None, lambda c: self._b_rows(c, "audit_record", params))[0][0])
+        return int(self._b_tx(conn, lambda c: self._b_rows(c, "audit_record", params))[0][0])
 
     def audit_list(self, cursor: int | None, limit: int) -> list[AuditEntry]:
         rows = self._b_read("audit_list", {"cursor": cursor, "limit": limit})

@@ -40,9 +40,11 @@ def _filter(app: App, f: S.JobFilterIn, max_id: int | None = None) -> JobFilter:
 def enqueue(body: S.EnqueueIn, request: Request, who: Admin) -> S.JobOut:
     """Enqueue one job (or get the live job that holds ``key``, with ``duplicate: true``)."""
     app = _app(request)
-    e = _enqueue(body)
-    job = app.backend.job_insert(app.build(e))
-    audit(request, who, "jobs.enqueue", f"job:{job.id}", 0 if job.duplicate else 1, task=job.task)
+    new = app.build(_enqueue(body))
+    with app.backend.transaction() as conn:  # the job and its audit row commit together
+        job = app.backend.job_insert(new, conn=conn)
+        audit(request, who, "jobs.enqueue", f"job:{job.id}", 0 if job.duplicate else 1,
+              conn=conn, task=job.task)
     return S.JobOut.model_validate(job)
 
 
@@ -50,8 +52,10 @@ def enqueue(body: S.EnqueueIn, request: Request, who: Admin) -> S.JobOut:
 def enqueue_bulk(body: S.BulkEnqueueIn, request: Request, who: Admin) -> S.BulkEnqueueOut:
     """Enqueue up to 10,000 jobs atomically in one transaction (all validated first)."""
     app = _app(request)
-    ids = app.enqueue_many([_enqueue(e) for e in body.jobs])
-    audit(request, who, "jobs.enqueue_bulk", None, len(ids))
+    rows = app.build_many([_enqueue(e) for e in body.jobs])
+    with app.backend.transaction() as conn:
+        ids = app.backend.job_insert_many(rows, conn=conn)
+        audit(request, who, "jobs.enqueue_bulk", None, len(ids), conn=conn)
     return S.BulkEnqueueOut(ids=ids)
 
 

@@ -28,9 +28,11 @@ def _app(request: Request) -> App:
 def open_batch(body: S.BatchOpenIn, request: Request, who: Admin) -> S.BatchOut:
     """Open a batch; add groups of items, then seal it."""
     app = _app(request)
-    batch = app.batches.open(body.description, on_complete=body.on_complete,
-                             on_success=body.on_success, expire_after=body.expire_after)
-    audit(request, who, "batch.open", f"batch:{batch.id}")
+    with app.backend.transaction() as conn:
+        batch = app.batches.open(body.description, on_complete=body.on_complete,
+                                 on_success=body.on_success, expire_after=body.expire_after,
+                                 conn=conn)
+        audit(request, who, "batch.open", f"batch:{batch.id}", conn=conn)
     return S.BatchOut.model_validate(batch.info())
 
 
@@ -52,8 +54,11 @@ def get_batch(batch_id: BatchId, request: Request, who: Reader) -> S.BatchOut:
              tags=["batches"])
 def add_group(batch_id: BatchId, body: S.GroupIn, request: Request, who: Admin) -> S.GroupOut:
     """Add ``count`` pending items. Build their ids yourself: ``<batch>:<group>:<i>``."""
-    group = _app(request).batches.add(batch_id, body.count)
-    audit(request, who, "batch.add", f"batch:{batch_id}", group.count, group=group.group_id)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        group = app.batches.add(batch_id, body.count, conn=conn)
+        audit(request, who, "batch.add", f"batch:{batch_id}", group.count, conn=conn,
+              group=group.group_id)
     return S.GroupOut(batch_id=group.batch_id, group=group.group_id, count=group.count,
                       first_id=f"{group.batch_id}:{group.group_id}:0")
 
@@ -61,8 +66,10 @@ def add_group(batch_id: BatchId, body: S.GroupIn, request: Request, who: Admin) 
 @router.post("/batches/{batch_id}/seal", response_model=S.SealOut, tags=["batches"])
 def seal(batch_id: BatchId, request: Request, who: Admin) -> S.SealOut:
     """No more items; completes the batch now when nothing is pending. Idempotent."""
-    result = _app(request).batches.seal(batch_id)
-    audit(request, who, "batch.seal", f"batch:{batch_id}", completed=result.completed)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        result = app.batches.seal(batch_id, conn=conn)
+        audit(request, who, "batch.seal", f"batch:{batch_id}", conn=conn, completed=result.completed)
     return S.SealOut.model_validate(result)
 
 
@@ -70,8 +77,11 @@ def seal(batch_id: BatchId, request: Request, who: Admin) -> S.SealOut:
 def ack(body: S.AckIn, request: Request, who: Admin) -> S.AckOut:
     """Ack up to 100,000 item ids, all or nothing: one malformed or unknown id refuses the
     call (4xx) and nothing changes. A second ack of an item is reported in ``already``."""
-    result = _app(request).batches.ack(body.ids)
-    audit(request, who, "batch.ack", None, result.resolved, completed=list(result.completed))
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        result = app.batches.ack(body.ids, conn=conn)
+        audit(request, who, "batch.ack", None, result.resolved, conn=conn,
+              completed=list(result.completed))
     return S.AckOut(resolved=result.resolved, already=list(result.already),
                     completed=list(result.completed))
 
@@ -79,8 +89,11 @@ def ack(body: S.AckIn, request: Request, who: Admin) -> S.AckOut:
 @router.post("/batches/fails", response_model=S.AckOut, tags=["batches"])
 def fail(body: S.FailIn, request: Request, who: Admin) -> S.AckOut:
     """Mark items failed (all or nothing, like acks); an item resolved before stays so."""
-    result = _app(request).batches.fail(body.ids, body.reason)
-    audit(request, who, "batch.fail", None, result.resolved, completed=list(result.completed))
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        result = app.batches.fail(body.ids, body.reason, conn=conn)
+        audit(request, who, "batch.fail", None, result.resolved, conn=conn,
+              completed=list(result.completed))
     return S.AckOut(resolved=result.resolved, already=list(result.already),
                     completed=list(result.completed))
 

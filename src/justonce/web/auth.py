@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from ..app import App
 from ..models import TokenInfo
@@ -149,7 +150,8 @@ def _auth(request: Request) -> Auth:
 
 async def require_read(request: Request) -> Principal:
     """Any valid token (read or admin scope), by bearer header or session cookie."""
-    principal = _auth(request).principal(request)
+    # The token look-up is a database read: off the event loop, like the routes themselves.
+    principal = await run_in_threadpool(_auth(request).principal, request)
     if principal is None:
         raise Problem(401, "Unauthorized",
                       "send Authorization: Bearer <token> (justonce tokens create), or sign in",
@@ -177,7 +179,8 @@ async def require_admin(request: Request) -> Principal:
 
 
 def audit(request: Request, principal: Principal, action: str, target: str | None = None,
-          count: int | None = None, **detail: Any) -> None:
-    """Write one action to the audit trail: who, what, on what, how many jobs."""
+          count: int | None = None, conn: Any = None, **detail: Any) -> None:
+    """Write one action to the audit trail: who, what, on what, how many jobs. With
+    ``conn`` (from ``app.backend.transaction()``) it commits with the action itself."""
     _auth(request).app.audit.record(action, target, count, detail, token_id=principal.token_id,
-                                    actor=principal.name)
+                                    actor=principal.name, conn=conn)

@@ -657,6 +657,15 @@ class PostgresBackend(DashboardStore, ServiceStore):
     def _b_at(self, value: datetime | None) -> Any:
         return value
 
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection]:
+        with self._connection() as c:
+            if self._local_schema is not None:  # (there, c is in one transaction already)
+                yield c
+                return
+            with c.transaction():
+                yield c
+
     def _b_insert_jobs(self, c: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
         return self._insert_many(c, jobs)
 

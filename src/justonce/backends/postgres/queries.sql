@@ -872,9 +872,15 @@ SELECT queue, state, count(*) FROM justonce_jobs TABLESAMPLE SYSTEM (%(percent)s
  GROUP BY queue, state
 
 -- name: queue_heads
--- The ready job each queue would hand out next (lowest priority, then id): one descent of
--- the claim index per queue. Its wait (now - run_at) is the queue's latency.
-SELECT q, (SELECT extract(epoch FROM now() - j.run_at) FROM justonce_jobs j
-            WHERE j.state = 'ready' AND j.queue = q
-            ORDER BY j.priority, j.id LIMIT 1)
+-- The ready job each queue hands out next: the head of the claim index (lowest priority,
+-- then id) and the oldest partitioned ready job, whichever waited longer. Two index
+-- descents per queue (a subquery without "partition_hash IS NULL" cannot use the partial
+-- claim index and scanned the whole table: 1.6 s for 10 queues over 1,000,000 jobs).
+SELECT q, extract(epoch FROM now() - least(
+         (SELECT j.run_at FROM justonce_jobs j
+           WHERE j.state = 'ready' AND j.partition_hash IS NULL AND j.queue = q
+           ORDER BY j.priority, j.id LIMIT 1),
+         (SELECT j.run_at FROM justonce_jobs j
+           WHERE j.state = 'ready' AND j.partition_hash IS NOT NULL AND j.queue = q
+           ORDER BY j.id LIMIT 1)))
   FROM unnest(%(queues)s::text[]) q

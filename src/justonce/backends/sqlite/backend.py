@@ -602,6 +602,22 @@ class SQLiteBackend(DashboardStore, ServiceStore):
     def _b_at(self, value: datetime | None) -> Any:
         return _epoch(value)
 
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self._ensure_schema()
+        conn = self._conn()
+        self._busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            conn.execute("ROLLBACK")
+            raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
+
     def _b_insert_jobs(self, c: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[int]:
         return self._insert_many(c, jobs)
 

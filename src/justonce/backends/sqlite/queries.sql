@@ -657,10 +657,15 @@ UPDATE justonce_jobs
 RETURNING id
 
 -- name: queue_heads
--- The ready job each queue would hand out next (lowest priority, then id): one descent of
--- the claim index per queue. Its wait (now - run_at) is the queue's latency.
-SELECT q.value,
-       (SELECT NOW() - j.run_at FROM justonce_jobs j
-         WHERE j.state = 'ready' AND j.queue = q.value
-         ORDER BY j.priority, j.id LIMIT 1)
-  FROM json_each(:queues) q
+-- The ready job each queue hands out next: the head of the claim index (lowest priority,
+-- then id) and the oldest partitioned ready job, whichever waited longer (one descent of
+-- each partial index per queue; see the Postgres file).
+SELECT h.q, NOW() - min(coalesce(h.a, h.b), coalesce(h.b, h.a))
+  FROM (SELECT q.value AS q,
+               (SELECT j.run_at FROM justonce_jobs j
+                 WHERE j.state = 'ready' AND j.partition_hash IS NULL AND j.queue = q.value
+                 ORDER BY j.priority, j.id LIMIT 1) AS a,
+               (SELECT j.run_at FROM justonce_jobs j
+                 WHERE j.state = 'ready' AND j.partition_hash IS NOT NULL AND j.queue = q.value
+                 ORDER BY j.id LIMIT 1) AS b
+          FROM json_each(:queues) q) h
