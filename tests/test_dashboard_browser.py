@@ -123,6 +123,20 @@ def test_admin_signs_in_watches_a_batch_retries_a_dead_job_and_cancels_all_match
     assert page.evaluate("window.__xss") is None and dialogs == []
     assert page.locator("td.err script, td.err img").count() == 0
 
+    # A message in the URL is only ever one of the dashboard's own: crafted text is not shown.
+    page.goto(f"{base}/jobs?err=Your+session+expired,+sign+in+at+evil.example")
+    assert "evil.example" not in page.content() and page.locator(".flash").count() == 0
+    page.goto(f"{base}/jobs?err=count_changed")
+    assert "changed since the preview" in page.locator(".flash").inner_text()
+
+    # The jobs page pages backwards by id: "older →" follows the cursor.
+    page.goto(f"{base}/jobs?queue=default")
+    assert page.locator("a.older").count() == 0  # 20 jobs: one page
+    page.goto(f"{base}/jobs?queue=default&before={bulk[0]}")
+    shown = [int(x) for x in page.locator("tr[data-job]").evaluate_all(
+        "rows => rows.map(r => r.dataset.job)")]
+    assert shown and all(i < bulk[0] for i in shown) and shown == sorted(shown, reverse=True)
+
     # The batch's bar moves while items are acked, without a reload.
     page.goto(f"{base}/batches/{batch.id}")
     bar = page.locator(f"[role=progressbar][data-batch='{batch.id}']")
