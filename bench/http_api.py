@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--bulk", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=1, help="server processes (justonce serve --workers)")
     args = p.parse_args()
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     tmp = Path(f"/tmp/justonce-http-bench-{schema}")
@@ -75,7 +76,7 @@ def main() -> None:
     lib = App(url, strict=False)
     results: dict[str, float] = {}
     try:
-        with serving(url, tmp / "serve.log") as server:
+        with serving(url, tmp / "serve.log", "--workers", str(args.workers)) as server:
             def client(_: int) -> httpx.Client:
                 return httpx.Client(base_url=server.url, timeout=60,
                                     headers={"Authorization": f"Bearer {server.admin}"})
@@ -140,7 +141,8 @@ def main() -> None:
         if args.backend == "postgres":
             subprocess.run(["psql", PG_SERVER, "-qc", f"DROP SCHEMA IF EXISTS {schema} CASCADE"],
                            capture_output=True)
-    print(f"backend {args.backend}, {args.threads} client threads, {args.seconds:g} s each, one server process")
+    print(f"backend {args.backend}, {args.threads} client threads, {args.seconds:g} s each, "
+          f"{args.workers} server process(es)")
     for k, v in results.items():
         print(f"  {k:<45} {v:>12,.0f}")
 

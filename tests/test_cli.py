@@ -16,7 +16,8 @@ COMMANDS = [[], ["migrate"], ["worker"], ["enqueue"], ["status"], ["jobs"], ["jo
             ["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["demo"], ["demo", "jobs"],
             ["batches"], ["batches", "list"], ["batches", "show"], ["batches", "seal"],
             ["batches", "prune"], ["partitions"], ["partitions", "list"], ["effects"],
-            ["effects", "in-doubt"], ["effects", "resolve"]]
+            ["effects", "in-doubt"], ["effects", "resolve"], ["serve"], ["tokens"],
+            ["tokens", "create"], ["tokens", "list"], ["tokens", "revoke"]]
 
 
 def run(*args: str, ok: bool = True):
@@ -30,7 +31,7 @@ def run(*args: str, ok: bool = True):
 def test_every_command_has_help(cmd: list[str]) -> None:
     result = run(*cmd, "--help")
     assert "Usage:" in result.output
-    if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"], ["effects"]):
+    if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"], ["effects"], ["tokens"]):
         assert "--database-url" in result.output
 
 
@@ -180,3 +181,13 @@ def test_effects_in_doubt_and_resolve(db_url: str) -> None:
         assert bad.exit_code != 0 and "InvalidTransition" in bad.output
     finally:
         app.close()
+
+
+def test_tokens_create_refuses_a_bad_scope_or_name_with_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    bad_scope = run("tokens", "create", "--name", "x", "--scope", "root", "--database-url", url, ok=False)
+    assert bad_scope.exit_code != 0 and "root" in bad_scope.output
+    bad_name = run("tokens", "create", "--name", "", "--scope", "read", "--database-url", url, ok=False)
+    assert bad_name.exit_code == 1 and "InvalidOption" in bad_name.output
+    missing = run("tokens", "revoke", "42", "--database-url", url, ok=False)
+    assert missing.exit_code == 1 and "TokenNotFound" in missing.output

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -328,3 +329,22 @@ def test_the_openapi_document_describes_every_route(server: Server) -> None:
               "/api/v1/audit"):
         assert p in paths
     assert "/" not in paths and "/metrics" not in paths
+
+
+def test_an_unexpected_failure_is_a_500_problem_without_a_trace(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from justonce.web.app import create_app
+
+    lib = App(f"sqlite:///{tmp_path / 'jobs.db'}", strict=False)
+    api = create_app(lib)
+
+    @api.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("secret internals at /srv/app.py line 12")
+
+    with TestClient(api, raise_server_exceptions=False) as client:
+        r = client.get("/boom")
+    body = assert_problem(r, 500, "InternalError")
+    assert body["detail"] is None and "secret" not in r.text
+    lib.close()

@@ -37,7 +37,7 @@ def test_fuzzing_the_api_finds_no_server_error_and_no_schema_mismatch(backend: s
                  "-c", "not_a_server_error,response_schema_conformance,status_code_conformance",
                  "-n", str(EXAMPLES), "--phases", "examples,fuzzing", "--seed", "7",
                  "--suppress-health-check", "all", "--no-color"],
-                capture_output=True, text=True, timeout=600)
+                capture_output=True, text=True, timeout=600, cwd=tmp_path)  # its cache stays there
             log = (tmp_path / "serve.log").read_text()
         assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
         assert "Traceback" not in log, log[-4000:]

@@ -45,7 +45,7 @@ class Server:
 
 
 @contextmanager
-def serving(db_url: str, log: Path) -> Iterator[Server]:
+def serving(db_url: str, log: Path, *serve_args: str) -> Iterator[Server]:
     """Migrate, create an admin and a read token with the CLI, start ``justonce serve`` on
     a free loopback port and wait for its OpenAPI document; terminate it at the end."""
     justonce("migrate", "--database-url", db_url)
@@ -57,7 +57,8 @@ def serving(db_url: str, log: Path) -> Iterator[Server]:
     env = {**os.environ, "JUSTONCE_SECRET_KEY": uuid.uuid4().hex}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "justonce", "serve", "--port", str(port), "--database-url", db_url],
+            [sys.executable, "-m", "justonce", "serve", "--port", str(port), "--database-url", db_url,
+             *serve_args],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+from typing import Any
+
 import click
 from rich.table import Table
 
@@ -20,10 +24,12 @@ from .cli import cli, database_option, load_app, out
               help="Signs session cookies [env JUSTONCE_SECRET_KEY]; random per process if unset.")
 @click.option("--max-body-bytes", default=8 * 1024 * 1024, show_default=True,
               type=click.IntRange(1024, 1 << 30), help="Larger request bodies get 413.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Server processes (one is enough below a few hundred requests/s).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(host: str, port: int, database_url: str | None, app_path: str | None,
-          secret_key: str | None, max_body_bytes: int, log_level: str) -> None:
+          secret_key: str | None, max_body_bytes: int, workers: int, log_level: str) -> None:
     """Serve the JSON API (and OpenAPI document at /openapi.json) over HTTP."""
     try:
         import uvicorn
@@ -33,11 +39,19 @@ def serve(host: str, port: int, database_url: str | None, app_path: str | None,
         raise click.ClickException(f"justonce serve needs fastapi and uvicorn: {exc}") from None
     app = load_app(app_path, database_url, strict=False)
     app.backend.schema_version()  # fail now, not on the first request, if unreachable
-    api = create_app(app, max_body_bytes=max_body_bytes, secret=secret_key)
     out.print(f"justonce serving {app.database_url.split('?')[0]} on http://{host}:{port} "
               f"(API /api/v1, docs /docs)", highlight=False)
-    uvicorn.run(api, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_keep_alive=30, server_header=False)
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,
+                               "access_log": False, "timeout_keep_alive": 30, "server_header": False}
+    if workers == 1:
+        uvicorn.run(create_app(app, max_body_bytes=max_body_bytes, secret=secret_key), **options)
+        return
+    # Several processes: each builds the app from the environment, with one shared key.
+    os.environ.update(JUSTONCE_SERVE_DATABASE_URL=app.database_url, JUSTONCE_SERVE_APP=app_path or "",
+                      JUSTONCE_SERVE_MAX_BODY_BYTES=str(max_body_bytes),
+                      JUSTONCE_SECRET_KEY=secret_key or secrets.token_hex(32))
+    app.close()
+    uvicorn.run("justonce.web.app:from_environment", factory=True, workers=workers, **options)
 
 
 @cli.group()

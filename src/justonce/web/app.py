@@ -80,6 +80,20 @@ async def _nothing() -> Message:  # pragma: no cover - a response never reads
     return {"type": "http.disconnect"}
 
 
+def from_environment() -> FastAPI:
+    """The app factory of ``justonce serve --workers N`` (each worker process imports it):
+    the parent passes its options in ``JUSTONCE_SERVE_*`` and ``JUSTONCE_SECRET_KEY``, so
+    every worker signs cookies with the same key."""
+    import os
+
+    from ..cli import load_app
+
+    app = load_app(os.environ.get("JUSTONCE_SERVE_APP") or None,
+                   os.environ["JUSTONCE_SERVE_DATABASE_URL"], strict=False)
+    return create_app(app, max_body_bytes=int(os.environ["JUSTONCE_SERVE_MAX_BODY_BYTES"]),
+                      secret=os.environ["JUSTONCE_SECRET_KEY"])
+
+
 def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
                secret: str | None = None, **fastapi_options: Any) -> FastAPI:
     """The service over ``app``. ``secret``: the key that signs session cookies (default
