@@ -40,6 +40,7 @@ from ..models import (
     TokenInfo,
 )
 from ..types import JobState
+from .dashstore import Count, JobLine
 
 Partitioning = SlotFence
 """Claim only partitioned jobs whose slot (partition_hash mod n) is held with the given token."""
@@ -316,6 +317,20 @@ class Backend(Protocol):
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         """Lock the caller's row in its transaction on ``conn``; False: no such row."""
+
+    # -- the dashboard's reads (dashstore.py): bounded on a big table ---------------------
+    def dash_counts(self) -> dict[tuple[str, str], Count]:
+        """Jobs per (queue, state): exact on a small table, else estimated or capped."""
+
+    def dash_finished_since(self, since: float) -> list[tuple[int, str, int]]:
+        """(epoch second, 'succeeded' | 'dead', jobs) finished at or after ``since``."""
+
+    def dash_clock(self) -> float:
+        """The database's clock in epoch seconds."""
+
+    def dash_running(self, limit: int) -> list[JobLine]: ...
+
+    def dash_dead(self, limit: int) -> list[JobLine]: ...
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
         """A waiter for idle workers. ``listen=False``: poll only (e.g. behind PgBouncer in

@@ -24,6 +24,7 @@ from . import problems
 from .api_jobs import router as jobs_router
 from .api_more import router as more_router
 from .auth import Auth, Principal, require_read, secret_key
+from .dashboard import mount_dashboard
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """8 MiB: room for 100,000 batch item ids (~40 bytes each as JSON) or 10,000 jobs."""
@@ -120,4 +121,5 @@ def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
     api.include_router(more_router, prefix=API_PREFIX)
     api.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     api.add_middleware(BodyLimit, limit=max_body_bytes)
+    mount_dashboard(api, app)
     return api

@@ -50,6 +50,7 @@ from ..base import (
     migration_files,
 )
 from ..batchstore import Flip, Key
+from ..dashstore import DashboardStore
 from ..servicestore import ServiceStore
 
 try:
@@ -108,7 +109,7 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
     return value in _TRUE
 
 
-class PostgresBackend(ServiceStore):
+class PostgresBackend(DashboardStore, ServiceStore):
     name = "postgres"
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:

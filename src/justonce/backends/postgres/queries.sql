@@ -318,6 +318,116 @@ ON CONFLICT (name) DO UPDATE
  WHERE m.next_run_at <= now()
 RETURNING name
 
+-- Dashboard (backends/dashstore.py, web/snapshot.py). Each statement stays bounded on a
+-- big jobs table: it reads the planner's statistics, walks a partial index, or stops
+-- after %(cap)s rows. They run once per refresh per server process, never per viewer.
+
+-- The planner's row count (kept by autovacuum / ANALYZE): -1 before the first ANALYZE.
+-- name: dash_jobs_estimate
+SELECT c.reltuples::bigint FROM pg_class c WHERE c.oid = to_regclass('justonce_jobs')
+
+-- Exact counts of a small table, reading at most %(cap)s rows: when it returns %(cap)s
+-- rows in all, the table is bigger and the caller switches to the bounded counts below.
+-- name: dash_counts_exact
+SELECT queue, state, count(*) FROM (SELECT queue, state FROM justonce_jobs LIMIT %(cap)s) j
+ GROUP BY queue, state
+
+-- (queue, state) pairs as ANALYZE saw them: the multivariate MCV list of the statistics
+-- object created in 0006 (each pair's share of the sample) times the row estimate.
+-- name: dash_counts_estimated
+SELECT s.most_common_vals[i][1], s.most_common_vals[i][2],
+       round(s.most_common_freqs[i] * greatest(c.reltuples, 0))::bigint
+  FROM pg_stats_ext s
+  JOIN pg_class c ON c.oid = to_regclass('justonce_jobs'),
+       LATERAL generate_subscripts(s.most_common_vals, 1) AS i
+ WHERE s.schemaname = current_schema() AND s.statistics_name = 'justonce_jobs_queue_state'
+
+-- The newest %(cap)s jobs by id (the primary key, backwards), per (queue, state): the
+-- sample that stands in for the statistics before the first ANALYZE.
+-- name: dash_counts_sample
+SELECT queue, state, count(*)
+  FROM (SELECT queue, state FROM justonce_jobs ORDER BY id DESC LIMIT %(cap)s) j
+ GROUP BY queue, state
+
+-- As many running jobs as workers run them: exact, on the leases' partial index.
+-- name: dash_counts_running
+SELECT queue, 'running', count(*) FROM justonce_jobs WHERE state = 'running' GROUP BY queue
+
+-- Scheduled and dead jobs per queue, at most %(cap)s of each state: their partial indexes
+-- in index order (ORDER BY keeps the planner on the index whatever its estimates), dead
+-- ones index-only (queue is INCLUDEd in 0006's index).
+-- name: dash_counts_capped
+SELECT queue, state, count(*) FROM (
+    (SELECT queue, state FROM justonce_jobs WHERE state = 'scheduled'
+      ORDER BY run_at LIMIT %(cap)s)
+    UNION ALL
+    (SELECT queue, 'dead' FROM justonce_jobs WHERE state = 'dead'
+      ORDER BY finished_at LIMIT %(cap)s)
+) j GROUP BY queue, state
+
+-- The queues that have ready jobs: a loose index scan of both claim indexes (one descent
+-- per queue, at most %(limit)s queues), not a scan of their entries.
+-- name: dash_ready_queues
+WITH RECURSIVE plain(queue, n) AS (
+    (SELECT queue, 1 FROM justonce_jobs
+      WHERE state = 'ready' AND partition_hash IS NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM justonce_jobs j
+             WHERE j.state = 'ready' AND j.partition_hash IS NULL AND j.queue > p.queue
+             ORDER BY j.queue LIMIT 1), p.n + 1
+      FROM plain p WHERE p.queue IS NOT NULL AND p.n < %(limit)s
+), parted(queue, n) AS (
+    (SELECT queue, 1 FROM justonce_jobs
+      WHERE state = 'ready' AND partition_hash IS NOT NULL ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM justonce_jobs j
+             WHERE j.state = 'ready' AND j.partition_hash IS NOT NULL AND j.queue > p.queue
+             ORDER BY j.queue LIMIT 1), p.n + 1
+      FROM parted p WHERE p.queue IS NOT NULL AND p.n < %(limit)s
+)
+SELECT queue FROM plain WHERE queue IS NOT NULL
+UNION
+SELECT queue FROM parted WHERE queue IS NOT NULL
+
+-- Ready jobs of each queue in %(queues)s (a JSON list), at most %(cap)s per queue: index-
+-- only scans of the claim indexes (plain and partitioned jobs), stopping at the cap.
+-- name: dash_count_ready
+SELECT q.queue,
+       (SELECT count(*) FROM (
+           (SELECT 1 FROM justonce_jobs
+             WHERE state = 'ready' AND partition_hash IS NULL AND queue = q.queue
+             ORDER BY priority, id LIMIT %(cap)s)
+           UNION ALL
+           (SELECT 1 FROM justonce_jobs
+             WHERE state = 'ready' AND partition_hash IS NOT NULL AND queue = q.queue
+             ORDER BY id LIMIT %(cap)s)
+           LIMIT %(cap)s) r)
+  FROM jsonb_array_elements_text(%(queues)s::jsonb) AS q(queue)
+
+-- The finished-jobs index from %(since)s on: as many rows as jobs finished since then.
+-- name: dash_finished_since
+SELECT floor(extract(epoch FROM finished_at))::bigint, state, count(*)
+  FROM justonce_jobs
+ WHERE finished_at >= to_timestamp(%(since)s::float8) AND state IN ('succeeded','dead')
+ GROUP BY 1, 2
+
+-- name: dash_clock
+SELECT extract(epoch FROM now())::float8
+
+-- name: dash_running
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'running'
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
+
+-- name: dash_dead
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'dead'
+ ORDER BY finished_at DESC
+ LIMIT %(limit)s
+
 -- name: db_now
 SELECT now()
 

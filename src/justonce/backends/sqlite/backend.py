@@ -51,6 +51,7 @@ from ..base import (
     migration_files,
 )
 from ..batchstore import Flip, Key
+from ..dashstore import DashboardStore
 from ..servicestore import ServiceStore
 
 HERE = Path(__file__).parent
@@ -108,7 +109,7 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend(ServiceStore):
+class SQLiteBackend(DashboardStore, ServiceStore):
     name = "sqlite"
 
     def __init__(self, url: str) -> None:

@@ -465,6 +465,98 @@ SELECT state, (state = 'running' AND lease_expires_at <= NOW()), count(*)
   FROM justonce_effects WHERE scope = :scope
  GROUP BY 1, 2
 
+-- Dashboard (backends/dashstore.py, web/snapshot.py): see the PostgreSQL file. SQLite has
+-- no planner row estimate; the span of ids (two rowid look-ups) stands in for one.
+
+-- name: dash_jobs_estimate
+SELECT COALESCE((SELECT max(id) FROM justonce_jobs) - (SELECT min(id) FROM justonce_jobs) + 1, 0)
+
+-- name: dash_counts_exact
+SELECT queue, state, count(*) FROM (SELECT queue, state FROM justonce_jobs LIMIT :cap)
+ GROUP BY queue, state
+
+-- SQLite keeps no per-value statistics (sqlite_stat1 has averages per index prefix, not
+-- counts per state): the sample below stands in for them, always.
+-- name: dash_counts_estimated
+SELECT NULL, NULL, 0 WHERE 0
+
+-- name: dash_counts_sample
+SELECT queue, state, count(*)
+  FROM (SELECT queue, state FROM justonce_jobs ORDER BY id DESC LIMIT :cap)
+ GROUP BY queue, state
+
+-- name: dash_counts_running
+SELECT queue, 'running', count(*) FROM justonce_jobs WHERE state = 'running' GROUP BY queue
+
+-- name: dash_counts_capped
+SELECT queue, state, count(*) FROM (
+    SELECT * FROM (SELECT queue, state FROM justonce_jobs WHERE state = 'scheduled'
+                    ORDER BY run_at LIMIT :cap)
+    UNION ALL
+    SELECT * FROM (SELECT queue, 'dead' AS state FROM justonce_jobs WHERE state = 'dead'
+                    ORDER BY finished_at LIMIT :cap)
+) GROUP BY queue, state
+
+-- One descent of each claim index per queue (at most :limit queues).
+-- name: dash_ready_queues
+WITH RECURSIVE plain(queue, n) AS (
+    SELECT (SELECT queue FROM justonce_jobs
+             WHERE state = 'ready' AND partition_hash IS NULL ORDER BY queue LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT j.queue FROM justonce_jobs j
+             WHERE j.state = 'ready' AND j.partition_hash IS NULL AND j.queue > p.queue
+             ORDER BY j.queue LIMIT 1), p.n + 1
+      FROM plain p WHERE p.queue IS NOT NULL AND p.n < :limit
+), parted(queue, n) AS (
+    SELECT (SELECT queue FROM justonce_jobs
+             WHERE state = 'ready' AND partition_hash IS NOT NULL ORDER BY queue LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT j.queue FROM justonce_jobs j
+             WHERE j.state = 'ready' AND j.partition_hash IS NOT NULL AND j.queue > p.queue
+             ORDER BY j.queue LIMIT 1), p.n + 1
+      FROM parted p WHERE p.queue IS NOT NULL AND p.n < :limit
+)
+SELECT queue FROM plain WHERE queue IS NOT NULL
+UNION
+SELECT queue FROM parted WHERE queue IS NOT NULL
+
+-- name: dash_count_ready
+SELECT q.value,
+       (SELECT count(*) FROM (
+           SELECT * FROM (SELECT 1 FROM justonce_jobs
+                           WHERE state = 'ready' AND partition_hash IS NULL AND queue = q.value
+                           ORDER BY priority, id LIMIT :cap)
+           UNION ALL
+           SELECT * FROM (SELECT 1 FROM justonce_jobs
+                           WHERE state = 'ready' AND partition_hash IS NOT NULL AND queue = q.value
+                           ORDER BY id LIMIT :cap)
+           LIMIT :cap))
+  FROM json_each(:queues) AS q
+
+-- name: dash_finished_since
+SELECT CAST(finished_at AS INTEGER), state, count(*)
+  FROM justonce_jobs
+ WHERE finished_at >= :since AND state IN ('succeeded','dead')
+   AND state IN ('succeeded','dead','cancelled')  -- the finished index's own condition
+ GROUP BY 1, 2
+
+-- name: dash_clock
+SELECT NOW()
+
+-- name: dash_running
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'running'
+ ORDER BY lease_expires_at
+ LIMIT :limit
+
+-- name: dash_dead
+SELECT id, queue, task, state, attempts, max_attempts, lease_owner, lease_expires_at,
+       started_at, finished_at, last_error
+  FROM justonce_jobs WHERE state = 'dead'
+ ORDER BY finished_at DESC
+ LIMIT :limit
+
 -- name: db_now
 SELECT NOW()
 
