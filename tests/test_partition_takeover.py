@@ -270,6 +270,13 @@ class Scenario:
         return sum(c.count for c in self.app.queue_counts()
                    if c.queue == "takeover" and str(c.state) in ("scheduled", "ready", "running"))
 
+    def top_up(self) -> None:
+        """Keep the flow steady: a slot whose jobs ran out cannot show its new holder
+        running them (and the freeze would not count)."""
+        backlog = self.backlog()
+        if backlog < LOW_WATER:
+            self.enqueue(2 * LOW_WATER - backlog)
+
     def start_workers(self) -> None:
         extra = ["--queues", "takeover", "--partitions", f"{SET_NAME}:{N}", "--partition-slots", "1"]
         self.workers = [self.fleet.start(concurrency=CONCURRENCY, lease=LEASE, heartbeat=HEARTBEAT,
@@ -341,6 +348,7 @@ class Scenario:
         # and keep it: such a freeze ends after GIVE_UP and does not count.
         deadline = stopped + FROZEN_FOR + GIVE_UP
         while not taken_over() and time.time() < deadline:
+            self.top_up()
             time.sleep(0.05)
         continued = time.time()
         for f in freezes:
@@ -575,9 +583,7 @@ def test_a_worker_frozen_past_its_partition_lease_starts_nothing_that_moved_on_w
             rounds += 1
             assert rounds <= FREEZES, f"only {len(s.taken_over())} takeovers in {rounds} rounds"
             assert all(w.popen.poll() is None for w in s.workers), "a worker exited"
-            backlog = s.backlog()
-            if backlog < LOW_WATER:
-                s.enqueue(2 * LOW_WATER - backlog)
+            s.top_up()
             s.freeze_round()
         wait_for(lambda: s.backlog() == 0, 120, "every job to finish", interval=0.5)
         s.stop_workers()

@@ -204,6 +204,19 @@ def test_worker_rejects_bad_options(app: App) -> None:
             Worker(app, **bad)
 
 
+def test_a_heartbeat_must_leave_time_to_renew_before_the_margin(app: App) -> None:
+    """A leased job is started (and a slot claimed for) only while more than the margin
+    (lease/5, at most 2 s) of its lease is left by the worker's clock; a heartbeat later
+    than lease - margin would let every lease reach that point before its renewal, so
+    unstarted jobs would be dropped and slots left idle in every cycle."""
+    with pytest.raises(ValidationError, match="margin"):
+        Worker(app, lease=1, heartbeat=0.9)
+    with pytest.raises(ValidationError, match="margin"):
+        Worker(app, lease=30, heartbeat=28.5)
+    assert Worker(app, lease=1, heartbeat=0.7).heartbeat == 0.7
+    assert Worker(app, lease=30, heartbeat=27).heartbeat == 27
+
+
 def test_closing_the_app_right_after_stop_leaves_running_threads_their_connections(app: App) -> None:
     """A worker's threads may still be inside a claim when its app is closed; closing their
     connections under them used to crash the process (SQLite)."""

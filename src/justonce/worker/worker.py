@@ -137,6 +137,13 @@ class Worker:
             raise InvalidOption("heartbeat must be shorter than the lease")
         self.margin = min(self.lease / 5, 2.0)
         """Seconds of lease a job (or slot) must have left by our clock to be started."""
+        if self.heartbeat >= self.lease - self.margin:
+            # Past lease - margin an unstarted job is dropped and a slot is not claimed
+            # for: renewals must come before that, or every cycle would waste both.
+            raise InvalidOption(
+                f"heartbeat must be shorter than the lease less its margin ({self.margin:g}s, "
+                f"a fifth of the lease, at most 2s): under {self.lease - self.margin:g}s, "
+                f"not {self.heartbeat:g}")
         self.poll = validate.bounded(poll, "poll", 0.001, 3600)
         self.grace = validate.bounded(grace, "grace", 0, 86400)
         self.listen = bool(listen)
