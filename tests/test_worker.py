@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import proc_app
 from justonce import App, Backoff, Enqueue, JobState, NonRetryable, ValidationError, Worker
 
 
@@ -300,3 +301,54 @@ def test_cancelling_a_hung_sync_job_frees_its_slot(app: App, worker_factory) -> 
     app.cancel(job.id)
     assert app.wait(app.enqueue("after").id, 10).result == "served"
     release.set()
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_a_run_whose_lease_was_lost_keeps_its_job_and_key_from_starting_again_in_its_process(
+    app: App, db_url: str, worker_factory, partitioned: bool
+) -> None:
+    """The first run of a job blocks; meanwhile its lease is lost (here: given back under
+    it, as housekeeping does after a pause or a stalled database) and the same worker claims
+    the job again. The second run must not start in this process before the first run's
+    code has returned (and, for a partitioned job, neither may the key's next job)."""
+    spans: list[tuple[str, float, float]] = []
+    release = threading.Event()
+
+    @app.task(queue="q", max_attempts=5)
+    def step(name: str) -> None:
+        began = time.monotonic()
+        if name == "first" and not spans:
+            release.wait(10)
+        spans.append((name, began, time.monotonic()))
+
+    key = {"partition_key": "k"} if partitioned else {}
+    first = app.enqueue(step, ["first"], **key)
+    if partitioned:
+        app.enqueue(step, ["next"], **key)
+    options = {"partitions": "overlap:1"} if partitioned else {}
+    worker_factory(queues=["q"], concurrency=2, lease=2.0, heartbeat=0.3, **options)
+    deadline = time.monotonic() + 10
+    while (job := app.get_job(first.id)).state != JobState.RUNNING or not job.started_at:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.2)  # the first run is in its code now
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        token = conn.execute(proc_app._sql(conn, "SELECT lease_token FROM justonce_jobs WHERE id = ?"),
+                             (first.id,)).fetchone()[0]
+    finally:
+        conn.close()
+    assert app.backend.job_release([(first.id, token)], refund=False) == {first.id}
+    # The worker sees the lease lost at its next heartbeat and claims the job again.
+    while (again := app.get_job(first.id)).attempts < 2:
+        assert time.monotonic() < deadline, again
+        time.sleep(0.02)
+    time.sleep(0.6)  # time enough to start the second run, were it allowed
+    assert [name for name, _, _ in spans] == []
+    release.set()
+    while app.get_job(first.id).state != JobState.SUCCEEDED or (partitioned and len(spans) < 3):
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.02)
+    ordered = sorted(spans, key=lambda s: s[1])
+    for (_, _, end), (_, start, _) in zip(ordered, ordered[1:], strict=False):
+        assert start >= end, f"runs overlap in one process: {ordered}"

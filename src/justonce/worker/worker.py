@@ -194,6 +194,12 @@ class Worker:
         self._grace_override: float | None = None
         self._recheck = False
         """A pause was seen: renew the slots before the next claim."""
+        self._in_code: dict[int, list[_Held]] = {}
+        """The runs whose code is in this process now, by job id (a lease may be lost)."""
+        self._keys_in_code: dict[int, list[_Held]] = {}
+        """The same runs, by partition hash."""
+        self._blocked = False
+        """A leased job waits for an earlier run's code to return (see _pop_startable)."""
         self._waiter = self.backend.waiter(self.queues, listen=listen)
         self._runner: threading.Thread | None = None
 
@@ -309,6 +315,51 @@ class Worker:
         return h.job.partition_hash is None or self.keeper is None or self.keeper.holds(
             h.job.partition_hash)
 
+    def _pop_startable(self, slot: _Slot, stale: list[_Held]) -> _Held | None:
+        """Called with the lock held: take the first leased job that may start now, and
+        mark it started. Jobs that may no longer start go to ``stale``. A job whose earlier
+        attempt's code still runs in this process (its lease was lost while it ran: a
+        pause, a stalled database), or a partitioned job whose key's earlier job's code
+        does, stays in line until that code returns or passes its own timeout: within one
+        process, two runs of a job or of a key never overlap (a timed-out sync task's
+        thread is let go, as before)."""
+        now = time.monotonic()
+        waiting: list[int] = []
+        found = None
+        while self._ready:
+            job_id = self._ready.popleft()
+            nxt = self._held.get(job_id)
+            if nxt is None:
+                continue  # its lease was lost before it started
+            if not self._startable(nxt, now):
+                del self._held[job_id]
+                stale.append(nxt)
+                continue
+            key = nxt.job.partition_hash
+            if self._still_running(self._in_code.get(job_id), now) or (
+                    key is not None and self._still_running(self._keys_in_code.get(key), now)):
+                waiting.append(job_id)
+                continue
+            found = nxt
+            break
+        if waiting:
+            self._ready.extendleft(reversed(waiting))
+        self._blocked = bool(waiting)
+        if found is None:
+            return None
+        found.started = now
+        found.deadline = now + found.job.timeout
+        found.slot = slot
+        self._running += 1
+        self._in_code.setdefault(found.job.id, []).append(found)
+        if found.job.partition_hash is not None:
+            self._keys_in_code.setdefault(found.job.partition_hash, []).append(found)
+        return found
+
+    @staticmethod
+    def _still_running(runs: list[_Held] | None, now: float) -> bool:
+        return any(r.deadline is None or now < r.deadline for r in runs or ())
+
     def _next_job(self, slot: _Slot) -> _Held | None:
         while True:
             stale: list[_Held] = []
@@ -319,20 +370,10 @@ class Worker:
                     if self._stopping:
                         break
                     if self._ready:
-                        nxt = self._held.get(self._ready.popleft())
-                        if nxt is None:
-                            continue  # its lease was lost before it started
-                        now = time.monotonic()
-                        if not self._startable(nxt, now):
-                            del self._held[nxt.job.id]
-                            stale.append(nxt)
-                            continue
-                        nxt.started = now
-                        nxt.deadline = nxt.started + nxt.job.timeout
-                        nxt.slot = slot
-                        self._running += 1
-                        h = nxt
-                        break
+                        h = self._pop_startable(slot, stale)
+                        if h is not None:
+                            break
+                        # Every leased job waits for an earlier run's code: fetch or wait.
                     if len(self._acks) >= self.ack_batch:
                         # Back-pressure: while the database is not taking our completions,
                         # claiming more would only pile up leases to renew.
@@ -410,7 +451,11 @@ class Worker:
             with self._lock:
                 h.future = fut
 
-        outcome = self.executor.run(h.job, on_future)
+        try:
+            outcome = self.executor.run(h.job, on_future)
+        finally:
+            with self._lock:
+                self._out_of_code(h)
         self.producer.observe(outcome.duration)
         with self._lock:
             if not (h.slot is not None and h.slot.abandoned):
@@ -438,6 +483,22 @@ class Worker:
             return
         assert outcome.failure is not None
         self._record_failure(h.job, outcome.failure, outcome.kind, outcome.duration)
+
+    def _out_of_code(self, h: _Held) -> None:
+        """Called with the lock held when a job's code has returned (or raised)."""
+        for runs, key in ((self._in_code, h.job.id), (self._keys_in_code, h.job.partition_hash)):
+            mine = runs.get(key) if key is not None else None
+            if mine is None:
+                continue
+            try:
+                mine.remove(h)
+            except ValueError:
+                pass
+            if not mine and key is not None:
+                del runs[key]
+        if self._blocked:
+            self._blocked = False  # let the slots look again
+            self._cond.notify_all()
 
     def _give_up(self, h: _Held) -> None:
         with self._lock:
