@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -171,7 +171,14 @@ class SQLiteBackend(DashboardStore, ServiceStore):
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], *, schema: bool = True,
                timeout: float | None = None) -> T:
-        """Run ``fn`` in one BEGIN IMMEDIATE transaction.
+        """Run ``fn`` in one BEGIN IMMEDIATE transaction (see _immediate)."""
+        with self._immediate(schema=schema, timeout=timeout) as conn:
+            return fn(conn)
+
+    @contextmanager
+    def _immediate(self, *, schema: bool = True,
+                   timeout: float | None = None) -> Iterator[sqlite3.Connection]:
+        """One BEGIN IMMEDIATE transaction, committed when the block ends.
 
         SQLite's own busy handler is unfair: a waiter backs off to 100 ms sleeps while
         newcomers retry every millisecond, so under load an old waiter (a lease renewal!)
@@ -184,7 +191,7 @@ class SQLiteBackend(DashboardStore, ServiceStore):
         self._busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), "SQLite write lock not available",
                          timeout)
         try:
-            result = fn(conn)
+            yield conn
         except sqlite3.OperationalError as exc:  # disk full, I/O error, lock trouble
             conn.execute("ROLLBACK")
             raise DatabaseUnavailable(f"SQLite: {exc}") from exc
@@ -196,7 +203,6 @@ class SQLiteBackend(DashboardStore, ServiceStore):
         except sqlite3.OperationalError as exc:
             conn.execute("ROLLBACK")
             raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
-        return result
 
     def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
         self._ensure_schema()
@@ -609,21 +615,8 @@ class SQLiteBackend(DashboardStore, ServiceStore):
     def _b_at(self, value: datetime | None) -> Any:
         return _epoch(value)
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        self._ensure_schema()
-        conn = self._conn()
-        self._busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), "SQLite write lock not available")
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            conn.execute("ROLLBACK")
-            raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._immediate()
 
     def _b_insert_jobs(self, c: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[int]:
         return self._insert_many(c, jobs)
