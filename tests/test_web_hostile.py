@@ -134,6 +134,15 @@ def test_every_action_refuses_missing_wrong_revoked_and_read_only_credentials(
     for scheme in ("Basic eDp5", f"Token {server.admin}", "Bearer", f"Bearer  {server.admin}x"):
         with server.client() as c:
             refused(c.post("/api/v1/jobs", json={"task": "h.new"}, headers={"Authorization": scheme}), 401)
+    # A session signed in with a token revoked since ends at once, CSRF token or not.
+    info, secret = lib.tokens.create("hostile short-lived", "admin")
+    browser, csrf = sign_in(server, secret)
+    with closing(browser):
+        lib.tokens.revoke(info.id)
+        for path, body in api_actions(world):
+            refused(browser.post(path, json=body, headers={"X-CSRF-Token": csrf}), 401)
+        for path, form in dash_actions(world):
+            refused(browser.post(path, data={**form, "csrf": csrf}), 401)
     # A read-only session with its own valid CSRF token still may not act.
     browser, csrf = sign_in(server, server.reader)
     with closing(browser):
