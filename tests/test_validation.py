@@ -37,6 +37,10 @@ def assert_nothing_written(app: App) -> None:
     assert app.queue_counts() == []
 
 
+DEEP: list = []
+for _ in range(63):
+    DEEP = [DEEP]  # 64 levels; with the args list around it, 65
+
 BAD_CALLS = [
     ("unknown task", dict(task="nope"), UnknownTask),
     ("task name with spaces", dict(task="no such task"), InvalidName),
@@ -72,6 +76,10 @@ BAD_CALLS = [
     ("zero timeout", dict(timeout=0), InvalidOption),
     ("empty key", dict(key=""), InvalidName),
     ("huge key", dict(key="k" * 10_000), InvalidName),
+    ("lone surrogate in key", dict(key="k\udfff"), InvalidName),
+    ("run_at in year 1", dict(run_at=datetime(1, 1, 2).astimezone()), InvalidOption),
+    ("args nested 65 deep", dict(args=[DEEP]), InvalidArguments),
+    ("kwargs nested 65 deep", dict(kwargs={"k": DEEP}), InvalidArguments),
 ]
 
 
@@ -91,6 +99,15 @@ def test_one_bad_job_in_a_bulk_enqueue_writes_none(vapp: App) -> None:
     with pytest.raises(InvalidArguments):
         vapp.enqueue_many(reqs)
     assert_nothing_written(vapp)
+
+
+def test_arguments_nested_64_deep_are_accepted_and_brackets_in_text_do_not_count(vapp: App) -> None:
+    job = vapp.enqueue("t", [DEEP[0]], kwargs={"k": "[" * 1000})
+    assert vapp.get_job(job.id).args == [DEEP[0]]
+    with pytest.raises(InvalidArguments):
+        vapp.tasks["t"].enqueue_many([(1,), (DEEP,)])
+    with pytest.raises(InvalidOption):  # a count past 64 bits is not a count
+        vapp.apply_matching("cancel", vapp.job_filter(), expected=2**63)
 
 
 def test_escaped_backslash_u0000_text_is_not_mistaken_for_nul(vapp: App) -> None:

@@ -310,8 +310,8 @@ class App:
         jobs match now than ``expected + tolerance``; fewer is fine (some finished)."""
         _action_states(action, where)
         for value, what in ((expected, "expected"), (tolerance, "tolerance")):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidOption(f"{what} must be an integer >= 0, not {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise InvalidOption(f"{what} must be an integer in [0, 2**63), not {value!r}")
         chunk = validate.count(chunk, "chunk", 10_000)
         now, _ = self.backend.jobs_count_matching(action, where)
         if now > expected + tolerance:

@@ -20,6 +20,9 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 """Arguments of one job (args + kwargs as JSON text)."""
 MAX_RESULT_BYTES = 64 * 1024
 """A task's return value as JSON text; larger results are dropped with a note."""
+MAX_JSON_DEPTH = 64
+"""Nesting of arguments and results (the outer list or dict counts as 1): deeper JSON is
+refused, as the service could not write it back out (its JSON encoder stops at 255)."""
 MAX_ERROR_CHARS = 4000
 MAX_KEY_CHARS = 512
 MAX_DELAY_SECONDS = 10 * 365 * 86400
@@ -74,6 +77,11 @@ def optional_key(value: Any, what: str = "key") -> str | None:
         value = str(value)
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
         raise InvalidName(f"bad {what} {value!r}: a non-empty string of at most {MAX_KEY_CHARS}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidName(f"bad {what} {value!r}: it contains a lone surrogate, which the "
+                          "database cannot store") from None
     return value
 
 
@@ -85,8 +93,28 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii
 def _dumps(value: Any, what: str) -> str:
     try:
         return _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArguments(f"{what} are not JSON-serialisable: {exc}") from None
+
+
+# A JSON string (skipped whole, brackets inside it are text) or a bracket.
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """JSON text nested more than ``limit`` deep."""
+    if text.count("[") + text.count("{") <= limit:  # the usual case: cannot be deeper
+        return False
+    depth = 0
+    for m in _BRACKETS.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
 
 
 # An escaped NUL: "\u0000" preceded by an even number of backslashes.
@@ -128,6 +156,8 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
     args_json = _dumps(list(args), "args")
     kwargs_json = _dumps(kwargs, "kwargs") if kwargs else "{}"
     size = _storable_size(args_json, "arguments") + _storable_size(kwargs_json, "arguments")
+    if _too_deep(args_json) or _too_deep(kwargs_json):
+        raise InvalidArguments(f"arguments are nested more than {MAX_JSON_DEPTH} deep")
     if size > MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
             f"job arguments are {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
@@ -161,7 +191,8 @@ def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
     except (TypeError, ValueError):
         args_doc = kwargs_doc = ""
     if not args_doc or not _storable(args_doc) or not _storable(kwargs_doc) or (
-            len(args_doc.encode()) + len(kwargs_doc.encode()) > MAX_PAYLOAD_BYTES):
+            len(args_doc.encode()) + len(kwargs_doc.encode()) > MAX_PAYLOAD_BYTES) or (
+            _too_deep(args_doc, MAX_JSON_DEPTH + 1) or _too_deep(kwargs_doc, MAX_JSON_DEPTH + 1)):
         # Rare: find the job at fault (or check each job's size) one by one.
         for a, k in zip(args_list, kwargs_list, strict=True):
             arguments(a, k)
@@ -183,6 +214,8 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
         return None, f"result dropped: not JSON-serialisable ({type(exc).__name__}: {exc})"
     if not _storable(text):
         return None, "result dropped: it contains a NUL character or a lone surrogate"
+    if _too_deep(text):
+        return None, f"result dropped: nested more than {MAX_JSON_DEPTH} deep"
     size = len(text.encode())
     if size > MAX_RESULT_BYTES:
         return None, f"result dropped: {size} bytes over the {MAX_RESULT_BYTES} limit"
@@ -206,6 +239,9 @@ def delay(value: Any) -> float:
     return seconds
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def run_at(value: Any) -> datetime:
     if not isinstance(value, datetime):
         raise InvalidOption(f"run_at must be a datetime, not {type(value).__name__}")
@@ -214,6 +250,8 @@ def run_at(value: Any) -> datetime:
     # A sanity bound only (the caller's clock): the database's clock decides when it runs.
     if value > datetime.now(UTC) + timedelta(seconds=MAX_DELAY_SECONDS):
         raise InvalidOption(f"run_at {value.isoformat()} is more than 10 years ahead")
+    if value < _EPOCH:  # SQLite keeps epoch seconds: year 1 at +14:00 would read back as year 0
+        raise InvalidOption(f"run_at {value.isoformat()} is before 1970")
     return value
 
 

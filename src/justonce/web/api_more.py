@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from ..app import App
 from ..types import BatchState
 from . import schemas as S
-from .auth import Principal, audit, require_admin, require_read
+from .auth import Principal, audit, require_admin, require_own_session, require_read
 from .problems import ERRORS, Problem
 
 router = APIRouter(responses=ERRORS)
@@ -166,8 +166,10 @@ def whoami(who: Reader) -> S.SessionOut:
 
 
 @router.post("/session/end", status_code=204, tags=["session"])
-def sign_out(request: Request, response: Response) -> Response:
-    """Drop the session cookie (a bearer token stays valid: revoke it with the CLI)."""
+def sign_out(request: Request, response: Response,
+             who: Annotated[Principal, Depends(require_own_session)]) -> Response:
+    """Drop the session cookie (a bearer token stays valid: revoke it with the CLI). A
+    cookie session must send its CSRF token, like every other cookie POST."""
     out = Response(status_code=204)
     request.app.state.auth.end_session(out)
     return out

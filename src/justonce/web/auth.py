@@ -2,7 +2,8 @@
 
 The contract other parts of the service (the JSON API, the dashboard) build on:
 
-- :func:`require_read` / :func:`require_admin` are FastAPI dependencies that return the
+- :func:`require_read` / :func:`require_admin` (and :func:`require_own_session`, for
+  sign-out: any scope, CSRF checked) are FastAPI dependencies that return the
   caller's :class:`Principal` or raise a 401 (no or bad credentials) / 403 (a read token on
   an action, or a cookie POST without its CSRF token) problem. Every state change takes
   ``require_admin``; read-only tokens see everything and change nothing.
@@ -113,7 +114,8 @@ class Auth:
         if len(parts) != 4:
             return None
         token_id, issued, nonce, sig = parts
-        if not hmac.compare_digest(sig, self._sign(f"{token_id}.{issued}.{nonce}")):
+        # Bytes: compare_digest refuses str with non-ASCII characters (a TypeError).
+        if not hmac.compare_digest(sig.encode(), self._sign(f"{token_id}.{issued}.{nonce}").encode()):
             return None
         try:
             tid, at = int(token_id), int(issued)
@@ -165,6 +167,19 @@ async def require_admin(request: Request) -> Principal:
     if not principal.is_admin:
         raise Problem(403, "Forbidden", f"token {principal.name!r} has read scope: this action "
                       "needs an admin token")
+    await _check_csrf(request, principal)
+    return principal
+
+
+async def require_own_session(request: Request) -> Principal:
+    """Any valid token; a cookie session must prove the request is its own (CSRF), so a
+    forged cross-site form cannot sign anyone out."""
+    principal = await require_read(request)
+    await _check_csrf(request, principal)
+    return principal
+
+
+async def _check_csrf(request: Request, principal: Principal) -> None:
     if principal.via == "cookie" and request.method not in SAFE_METHODS:
         sent = request.headers.get(CSRF_HEADER)
         if sent is None and request.headers.get("content-type", "").startswith(
@@ -172,10 +187,9 @@ async def require_admin(request: Request) -> Principal:
             form = await request.form()
             value = form.get("csrf")
             sent = value if isinstance(value, str) else None
-        if not sent or not hmac.compare_digest(sent, principal.csrf or ""):
+        if not sent or not hmac.compare_digest(sent.encode(), (principal.csrf or "").encode()):
             raise Problem(403, "CsrfFailed", f"missing or wrong CSRF token (send it in "
                           f"{CSRF_HEADER} or a csrf form field)")
-    return principal
 
 
 def audit(request: Request, principal: Principal, action: str, target: str | None = None,

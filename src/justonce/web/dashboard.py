@@ -39,6 +39,7 @@ from ..errors import (
 )
 from . import session
 from .auth import Principal, audit
+from .problems import status_of
 from .snapshot import STATES, Snapshots
 
 HERE = Path(__file__).parent
@@ -80,11 +81,12 @@ class SignInFirst(Exception):
 
 
 class PageError(Exception):
-    """A page cannot be shown (unknown id, malformed filter): a short HTML answer."""
+    """A page cannot be shown (unknown id, malformed filter), or an action was refused: a
+    short HTML answer with its 4xx status and a link back."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, back: str = "/") -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.back = status, back
 
 
 async def _sign_in_first(request: Request, exc: SignInFirst) -> Response:
@@ -94,10 +96,11 @@ async def _sign_in_first(request: Request, exc: SignInFirst) -> Response:
 
 
 async def _page_error(request: Request, exc: PageError) -> Response:
+    where = "the overview" if exc.back == "/" else "the page"
     body = (f'<!doctype html><meta charset="utf-8"><link rel="stylesheet" href="/static/dashboard.css">'
             f"<main><h1>{exc.status}</h1><p>{Markup.escape(str(exc))}</p>"
-            '<p><a href="/">Back to the overview</a></p></main>')
-    return HTMLResponse(body, status_code=exc.status)
+            f'<p><a href="{Markup.escape(_safe_next(exc.back))}">Back to {where}</a></p></main>')
+    return HTMLResponse(body, status_code=exc.status, headers=_NO_STORE)
 
 
 def _env() -> Environment:
@@ -185,8 +188,10 @@ def chart_svg(succeeded: list[int], failed: list[int], width: int = 600, height:
 
 
 def _safe_next(value: str | None, default: str = "/") -> str:
-    """A local path to go back to (never another site: no scheme, no //host)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """A local path to go back to (never another site: no scheme, no //host, and no
+    whitespace or control characters, which browsers drop from a URL: ``/\t/host``)."""
+    if (not value or not value.startswith("/") or value.startswith("//") or "\\" in value
+            or any(c <= " " or c == "\x7f" for c in value)):
         return default
     return value
 
@@ -266,11 +271,16 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
 
     @r.post("/signout")
     async def signout(request: Request) -> Response:
+        """Any scope may sign out, but only with the session's CSRF token: a forged form
+        cannot sign anyone out."""
         form = await _form(request)
-        response = RedirectResponse("/signin", 303)
         v = await run_in_threadpool(session.viewer, request)
-        if v is not None and session.csrf_ok(v, form.get("csrf")):
-            session.end(request, response)
+        if v is None:
+            raise HTTPException(401, "not signed in")
+        if not session.csrf_ok(v, form.get("csrf")):
+            raise HTTPException(403, "missing or wrong CSRF token: reload the page")
+        response = RedirectResponse("/signin", 303)
+        session.end(request, response)
         return response
 
     # -- pages -------------------------------------------------------------------------
@@ -507,13 +517,14 @@ def _error_code(exc: JustonceError) -> str:
 
 
 def _guard(fn: Callable[[], Response], back: str) -> Callable[[], Response]:
-    """Run an action; a library error (a job that is no longer dead, a count that changed)
-    goes back to ``back`` with its message, never as a stack trace."""
+    """Run an action; a library error (a job that is no longer dead, a count that changed,
+    a value it refused) is a 4xx page (the API's status for it) that says what happened
+    and links back to ``back``: never a stack trace, never a success-looking redirect."""
     def run() -> Response:
         try:
             return fn()
         except LookupError as exc:
             raise PageError(404, str(exc)) from None
         except JustonceError as exc:
-            return RedirectResponse(_with(back, err=_error_code(exc)), 303)
+            raise PageError(status_of(exc), ERRORS[_error_code(exc)], back) from None
     return run

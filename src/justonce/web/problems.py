@@ -132,12 +132,18 @@ def install(app: FastAPI) -> None:
             detail = f"no route {request.method} {request.url.path}"
         return problem_response(exc.status_code, error, detail, getattr(exc, "headers", None))
 
+    # ValueError and TypeError get handlers of their own, not a branch of the catch-all
+    # below: Starlette re-raises whatever reaches the catch-all to the server, which then
+    # drops the client's keep-alive connection (its next request fails) and logs a trace.
+    @app.exception_handler(ValueError)
+    @app.exception_handler(TypeError)
+    async def _refused(request: Request, exc: Exception) -> JSONResponse:
+        # The library's validators raise its own errors; a bare ValueError here means
+        # input we did not expect to reach a parser: the client's fault, still no trace.
+        log.warning("request refused: %s: %s", type(exc).__name__, exc)
+        return problem_response(400, "BadRequest", str(exc)[:500])
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, ValueError | TypeError) and not isinstance(exc, E.JustonceError):
-            # The library's validators raise its own errors; a bare ValueError here means
-            # input we did not expect to reach a parser: the client's fault, still no trace.
-            log.warning("request refused: %s: %s", type(exc).__name__, exc)
-            return problem_response(400, "BadRequest", str(exc)[:500])
         log.exception("unexpected error in %s %s", request.method, request.url.path)
         return problem_response(500, "InternalError")

@@ -1,13 +1,14 @@
 """The JSON shapes of the API: one pydantic model per request and response, so the OpenAPI
-document says exactly what is accepted and returned. Requests refuse unknown fields and
-non-finite numbers; the library validates the rest (names, ranges, sizes)."""
+document says exactly what is accepted and returned. Requests refuse unknown fields,
+numbers and flags of the wrong JSON type (no coercion) and non-finite numbers; the library
+validates the rest (names, ranges, sizes)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
 
 from ..items import MAX_GROUP_ITEMS
 from ..types import BatchState, JobState
@@ -15,6 +16,12 @@ from ..types import BatchState, JobState
 BIGINT = 2**63 - 1
 MAX_BULK_JOBS = 10_000
 MAX_ACK_IDS = 100_000
+
+# Numbers and flags of a request are taken as sent: a wrong JSON type is refused (422),
+# never coerced ("1" is not 1, 1.5 is not 1, "yes" is not true). Strict floats take ints.
+SInt = Annotated[int, Strict()]
+SFloat = Annotated[float, Strict()]
+SBool = Annotated[bool, Strict()]
 
 
 class Request(BaseModel):
@@ -31,13 +38,13 @@ class EnqueueIn(Request):
     args: list[Any] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
     queue: str | None = None
-    priority: int | None = Field(None, description="Lower runs first.")
-    delay: float | None = Field(None, ge=0, description="Seconds from the database's now.")
+    priority: SInt | None = Field(None, description="Lower runs first.")
+    delay: SFloat | None = Field(None, ge=0, description="Seconds from the database's now.")
     run_at: AwareDatetime | None = None
     key: str | None = Field(None, description="While a live job holds the key, that job is returned.")
-    partition_key: str | int | None = None
-    max_attempts: int | None = None
-    timeout: float | None = Field(None, gt=0)
+    partition_key: str | SInt | None = None
+    max_attempts: SInt | None = None
+    timeout: SFloat | None = Field(None, gt=0)
 
 
 class BulkEnqueueIn(Request):
@@ -101,9 +108,9 @@ class PreviewOut(BaseModel):
 class ApplyIn(Request):
     action: Literal["cancel", "retry"]
     filter: JobFilterIn = Field(default_factory=JobFilterIn)
-    max_id: int | None = Field(None, ge=1, le=BIGINT)
-    expected: int = Field(ge=0, le=BIGINT, description="The preview's count.")
-    tolerance: int = Field(0, ge=0, le=BIGINT,
+    max_id: SInt | None = Field(None, ge=1, le=BIGINT)
+    expected: SInt = Field(ge=0, le=BIGINT, description="The preview's count.")
+    tolerance: SInt = Field(0, ge=0, le=BIGINT,
                            description="Refuse (409 CountChanged) if more than expected + tolerance match.")
 
 
@@ -130,7 +137,7 @@ class BatchOpenIn(Request):
     description: str | None = None
     on_complete: str | None = Field(None, description="Task enqueued once when the batch completes.")
     on_success: str | None = Field(None, description="Task enqueued once if no item failed.")
-    expire_after: float = Field(7 * 86400.0, gt=0,
+    expire_after: SFloat = Field(7 * 86400.0, gt=0,
                                 description="Seconds without activity before an open batch expires.")
 
 
@@ -157,7 +164,7 @@ class BatchList(BaseModel):
 
 
 class GroupIn(Request):
-    count: int = Field(ge=1, le=MAX_GROUP_ITEMS)
+    count: SInt = Field(ge=1, le=MAX_GROUP_ITEMS)
 
 
 class GroupOut(BaseModel):
@@ -240,10 +247,10 @@ class EffectsOut(BaseModel):
 
 class ResolveIn(Request):
     scope: str
-    key: str | int
-    done: bool = Field(description="true: it happened, never redo; false: claimable again.")
+    key: str | SInt
+    done: SBool = Field(description="true: it happened, never redo; false: claimable again.")
     note: str | None = None
-    force: bool = False
+    force: SBool = False
 
 
 class AuditOut(Out):

@@ -33,4 +33,5 @@ def csrf_ok(principal: Principal, value: str | None) -> bool:
     request needs none (a browser never adds a bearer header on its own)."""
     if principal.via != "cookie":
         return True
-    return bool(value) and hmac.compare_digest(value or "", principal.csrf or "")
+    # Bytes: compare_digest refuses str with non-ASCII characters (a TypeError).
+    return bool(value) and hmac.compare_digest((value or "").encode(), (principal.csrf or "").encode())

@@ -1,0 +1,453 @@
+"""A hostile client against a real ``justonce serve`` process (one per backend): every POST
+route of the API and of the dashboard, thrown missing, wrong, revoked and read-only
+credentials, forged CSRF and tampered cookies, malformed, oversize, mistyped, NUL-laden,
+surrogate-laden and deeply nested bodies, unknown ids and path tricks. Each answer is a
+clear 4xx (a problem document on the API), never a 5xx or a trace, the connection stays
+usable, and the database is left exactly as it was."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import _drop_schema, postgres_or_skip
+from justonce import App
+from test_web_api import assert_problem, snapshot
+from webserver import Server, serving
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+JSON = {"content-type": "application/json"}
+FAKE_SECRET = "jo_deadbeef_" + "A" * 43
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[Server, Path]]:
+    folder = tmp_path_factory.mktemp("hostile")
+    log = folder / "serve.log"
+    if request.param == "sqlite":
+        with serving(f"sqlite:///{folder / 'jobs.db'}", log) as s:
+            yield s, log
+        return
+    base = postgres_or_skip()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with serving(f"{base}{'&' if '?' in base else '?'}schema={schema}", log) as s:
+        yield s, log
+    _drop_schema(base, schema)
+
+
+@pytest.fixture(scope="module")
+def server(served: tuple[Server, Path]) -> Server:
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def lib(server: Server) -> Iterator[App]:
+    a = App(server.db_url, strict=False)
+    yield a
+    a.close()
+
+
+@pytest.fixture(scope="module")
+def world(lib: App) -> dict[str, Any]:
+    """Something for every action to change: a ready job, a dead job, an open batch with
+    a group, and the ids of each."""
+    ready = lib.enqueue("h.ready", args=[1])
+    dead = lib.enqueue("h.dead")
+    lib.cancel(dead.id)
+    batch = lib.batches.open("hostile")
+    group = lib.batches.add(batch.id, 3)
+    return {"ready": ready.id, "dead": dead.id, "batch": batch.id,
+            "item": f"{batch.id}:{group.group_id}:0"}
+
+
+@pytest.fixture(scope="module")
+def revoked(lib: App) -> str:
+    info, secret = lib.tokens.create("hostile revoked", "admin")
+    lib.tokens.revoke(info.id)
+    return secret
+
+
+def api_actions(w: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every state-changing API route with a body that an admin would get accepted."""
+    return [
+        ("/api/v1/jobs", {"task": "h.new"}),
+        ("/api/v1/jobs/bulk", {"jobs": [{"task": "h.new"}]}),
+        (f"/api/v1/jobs/{w['ready']}/cancel", {}),
+        (f"/api/v1/jobs/{w['dead']}/retry", {}),
+        ("/api/v1/jobs/actions/apply", {"action": "cancel", "expected": 1}),
+        ("/api/v1/batches", {"description": "x"}),
+        (f"/api/v1/batches/{w['batch']}/groups", {"count": 2}),
+        (f"/api/v1/batches/{w['batch']}/seal", {}),
+        ("/api/v1/batches/acks", {"ids": [w["item"]]}),
+        ("/api/v1/batches/fails", {"ids": [w["item"]], "reason": "no"}),
+        ("/api/v1/effects/resolve", {"scope": "s", "key": "k", "done": True}),
+    ]
+
+
+def dash_actions(w: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    """Every state-changing dashboard form."""
+    return [
+        ("/jobs/preview", {"action": "cancel"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": str(w["ready"]), "expected": "1"}),
+        (f"/jobs/{w['ready']}/cancel", {}),
+        (f"/jobs/{w['dead']}/retry", {}),
+        ("/effects/resolve", {"state": "done", "scope": "s", "key": "k"}),
+    ]
+
+
+def refused(r: httpx.Response, *statuses: int) -> None:
+    """A clear 4xx: the expected status, no trace, a problem document when JSON."""
+    assert r.status_code in statuses, (r.status_code, r.text[:300])
+    assert "Traceback" not in r.text and 'File "' not in r.text
+    if r.headers.get("content-type", "").startswith("application/"):
+        assert r.headers["content-type"].startswith("application/problem+json"), r.headers
+        assert r.json()["status"] == r.status_code
+
+
+def sign_in(server: Server, secret: str) -> tuple[httpx.Client, str]:
+    """A fresh client signed in with ``secret`` by cookie, and its CSRF token."""
+    c = server.client().__enter__()
+    r = c.post("/api/v1/session", json={"token": secret})
+    assert r.status_code == 200, r.text
+    return c, r.json()["csrf"]
+
+
+# -- who may act ------------------------------------------------------------------------
+def test_every_action_refuses_missing_wrong_revoked_and_read_only_credentials(
+        server: Server, lib: App, world: dict[str, Any], revoked: str) -> None:
+    before = snapshot(lib)
+    for token, status in ((None, 401), (FAKE_SECRET, 401), ("garbage", 401), (revoked, 401),
+                          (server.reader, 403)):
+        with server.client(token) as c:
+            for path, body in api_actions(world):
+                refused(c.post(path, json=body), status)
+            for path, form in dash_actions(world):
+                refused(c.post(path, data=form), status)
+    for scheme in ("Basic eDp5", f"Token {server.admin}", "Bearer", f"Bearer  {server.admin}x"):
+        with server.client() as c:
+            refused(c.post("/api/v1/jobs", json={"task": "h.new"}, headers={"Authorization": scheme}), 401)
+    # A session signed in with a token revoked since ends at once, CSRF token or not.
+    info, secret = lib.tokens.create("hostile short-lived", "admin")
+    browser, csrf = sign_in(server, secret)
+    with closing(browser):
+        lib.tokens.revoke(info.id)
+        for path, body in api_actions(world):
+            refused(browser.post(path, json=body, headers={"X-CSRF-Token": csrf}), 401)
+        for path, form in dash_actions(world):
+            refused(browser.post(path, data={**form, "csrf": csrf}), 401)
+    # A read-only session with its own valid CSRF token still may not act.
+    browser, csrf = sign_in(server, server.reader)
+    with closing(browser):
+        for path, body in api_actions(world):
+            refused(browser.post(path, json=body, headers={"X-CSRF-Token": csrf}), 403)
+        for path, form in dash_actions(world):
+            refused(browser.post(path, data={**form, "csrf": csrf}), 403)
+    assert snapshot(lib) == before
+
+
+def test_every_cookie_post_needs_the_sessions_own_csrf_token(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    browser, csrf = sign_in(server, server.admin)
+    other, other_csrf = sign_in(server, server.admin)
+    other.close()
+    before = snapshot(lib)
+    with closing(browser):
+        for forged in (None, "", "x" + csrf[1:], other_csrf, csrf + "x", "\u00e9" * 10):
+            headers = {} if forged is None else {"X-CSRF-Token": forged.encode()}
+            for path, body in api_actions(world):
+                refused(browser.post(path, json=body, headers=headers), 403)
+            for path, form in dash_actions(world):
+                refused(browser.post(path, data=form if forged is None else {**form, "csrf": forged}), 403)
+            refused(browser.post("/api/v1/session/end", headers=headers), 403)
+            refused(browser.post("/signout", data={} if forged is None else {"csrf": forged}), 403)
+        # Still signed in: a sign-out without the token did not end the session.
+        assert browser.get("/api/v1/session").status_code == 200
+        assert snapshot(lib) == before
+        out = browser.post("/signout", data={"csrf": csrf})
+        assert out.status_code == 303
+        refused(browser.get("/api/v1/session"), 401)
+    browser, csrf = sign_in(server, server.admin)
+    with closing(browser):
+        assert browser.post("/api/v1/session/end", headers={"X-CSRF-Token": csrf}).status_code == 204
+        refused(browser.get("/api/v1/session"), 401)
+    with server.client() as anon:
+        refused(anon.post("/api/v1/session/end"), 401)
+    assert snapshot(lib) == before
+
+
+def test_session_cookies_are_httponly_strict_rooted_and_tampering_signs_out(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    with server.client() as c:
+        r = c.post("/signin", data={"token": server.admin, "next": "/jobs"})
+        assert r.status_code == 303
+        cookies = {h.split("=", 1)[0]: h for h in r.headers.get_list("set-cookie")}
+        session, csrf_cookie = cookies["justonce_session"], cookies["justonce_csrf"]
+        for flag in ("HttpOnly", "Path=/", "SameSite=strict"):
+            assert flag.lower() in session.lower()
+        assert "httponly" not in csrf_cookie.lower() and "samesite=strict" in csrf_cookie.lower()
+        assert server.admin not in r.text and all(server.admin not in h for h in r.headers.values())
+        value = c.cookies["justonce_session"]
+        token_id, issued, nonce, sig = value.split(".")
+        csrf = c.cookies["justonce_csrf"]
+    before = snapshot(lib)
+    tampered = [f"{int(token_id) + 1}.{issued}.{nonce}.{sig}", f"{token_id}.{int(issued) + 1}.{nonce}.{sig}",
+                f"{token_id}.{issued}.{nonce}x.{sig}", f"{token_id}.{issued}.{nonce}.{sig[:-2]}",
+                f"{token_id}.{issued}.{nonce}", "", "....", "1.1.1.1", "\u00ff" * 50, "x" * 4000,
+                f"{token_id}.99999999999999999999.{nonce}.{sig}"]
+    for bad in tampered:
+        with server.client() as c:
+            cookie = {"Cookie": f"justonce_session={bad}; justonce_csrf={csrf}".encode()}
+            refused(c.get("/api/v1/session", headers=cookie), 401)
+            refused(c.post("/api/v1/jobs", json={"task": "h.new"},
+                           headers={**cookie, "X-CSRF-Token": csrf}), 401)
+            refused(c.post(f"/jobs/{world['ready']}/cancel", data={"csrf": csrf}, headers=cookie), 401)
+            refused(c.post("/signout", data={"csrf": csrf}, headers=cookie), 401)
+            # pages send the browser to sign in
+            assert c.get("/jobs", headers=cookie).status_code == 303
+    assert snapshot(lib) == before
+
+
+# -- what is sent -------------------------------------------------------------------------
+def hostile_json(w: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """(route, raw body) pairs: every kind of bad JSON on every route that takes one."""
+    deep = b"[" * 5000 + b"]" * 5000
+    nested = json.dumps(json.loads("[" * 400 + "]" * 400)).encode()
+    routes = [p for p, body in api_actions(w) if body] + ["/api/v1/jobs/actions/preview", "/api/v1/session"]
+    generic = [b"", b"{", b"nul", b"[]", b'"x"', b"null", b"1e999", b"\xff\xfe", b'{"a":1}',
+               b"{" + b'"a":' * 3000 + b"1" + b"}" * 3000, deep, b'{"task": NaN}']
+    out = [(p, body) for p in routes for body in generic]
+    job = {"task": "h.new"}
+    specific: list[tuple[str, Any]] = [
+        ("/api/v1/jobs", {"task": "a\u0000b"}), ("/api/v1/jobs", {**job, "args": ["\u0000"]}),
+        ("/api/v1/jobs", {**job, "kwargs": {"\u0000": 1}}), ("/api/v1/jobs", {**job, "key": "k\u0000"}),
+        ("/api/v1/jobs", {**job, "queue": "q\u0000"}), ("/api/v1/jobs", {**job, "partition_key": "\u0000"}),
+        ("/api/v1/jobs", {**job, "priority": 10**30}), ("/api/v1/jobs", {**job, "priority": -(10**30)}),
+        ("/api/v1/jobs", {**job, "max_attempts": 0}), ("/api/v1/jobs", {**job, "max_attempts": 2**64}),
+        ("/api/v1/jobs", {**job, "delay": 1e308}), ("/api/v1/jobs", {**job, "delay": -1}),
+        ("/api/v1/jobs", {**job, "timeout": 1e308}), ("/api/v1/jobs", {**job, "timeout": 0}),
+        ("/api/v1/jobs", {**job, "partition_key": 2**64}), ("/api/v1/jobs", {**job, "args": {"a": 1}}),
+        ("/api/v1/jobs", {**job, "run_at": "9999-12-31T23:59:59+00:00"}),
+        ("/api/v1/jobs", {**job, "run_at": "0001-01-01T00:00:00+14:00"}),
+        ("/api/v1/jobs", {**job, "run_at": "2030-01-01T00:00:00"}),
+        ("/api/v1/jobs", {**job, "args": ["x" * 300_000]}), ("/api/v1/jobs", {**job, "key": "k" * 600}),
+        ("/api/v1/jobs", {"task": "<script>"}), ("/api/v1/jobs", {"task": ["h.new"]}),
+        ("/api/v1/jobs", {"task": True}), ("/api/v1/jobs", {**job, "priority": 1.5}),
+        ("/api/v1/jobs", {**job, "priority": "1"}),
+        ("/api/v1/jobs/bulk", {"jobs": []}), ("/api/v1/jobs/bulk", {"jobs": [job] * 10_001}),
+        ("/api/v1/jobs/bulk", {"jobs": [job, {"task": "\u0000"}]}), ("/api/v1/jobs/bulk", {"jobs": job}),
+        ("/api/v1/jobs/actions/apply", {"action": "drop", "expected": 0}),
+        ("/api/v1/jobs/actions/apply", {"action": "cancel", "expected": -1}),
+        ("/api/v1/jobs/actions/apply", {"action": "cancel", "expected": 0, "max_id": 2**64}),
+        ("/api/v1/jobs/actions/apply", {"action": "cancel", "expected": 0, "max_id": -5}),
+        ("/api/v1/jobs/actions/apply", {"action": "cancel", "expected": 0, "filter": {"queue": "\u0000"}}),
+        ("/api/v1/jobs/actions/apply", {"action": "cancel", "expected": 0, "filter": {"state": "zz"}}),
+        ("/api/v1/jobs/actions/apply", {"action": "retry", "expected": 0, "tolerance": 10**30}),
+        ("/api/v1/jobs/actions/preview", {"action": "cancel", "filter": {"task": "\u0000"}}),
+        ("/api/v1/batches", {"expire_after": 1e308}), ("/api/v1/batches", {"expire_after": -1}),
+        ("/api/v1/batches", {"description": "\u0000"}), ("/api/v1/batches", {"on_complete": "no way"}),
+        ("/api/v1/batches", {"description": "d" * 5000}),
+        (f"/api/v1/batches/{w['batch']}/groups", {"count": 0}),
+        (f"/api/v1/batches/{w['batch']}/groups", {"count": 10**30}),
+        (f"/api/v1/batches/{w['batch']}/groups", {"count": "3"}),
+        ("/api/v1/batches/acks", {"ids": []}), ("/api/v1/batches/acks", {"ids": "x"}),
+        ("/api/v1/batches/acks", {"ids": [w["item"], f"{w['batch']}:zz:0"]}),
+        ("/api/v1/batches/acks", {"ids": [w["item"], f"{w['batch'] + 1000}:a:0"]}),
+        ("/api/v1/batches/acks", {"ids": [w["item"], w["item"][:-1] + "999"]}),
+        ("/api/v1/batches/acks", {"ids": [w["item"], w["item"] + "\u0000"]}),
+        ("/api/v1/batches/acks", {"ids": [w["item"], f"{10**30}:a:0"]}),
+        ("/api/v1/batches/acks", {"ids": [w["item"], "-1:a:0"]}),
+        ("/api/v1/batches/fails", {"ids": [w["item"]], "reason": "\u0000"}),
+        ("/api/v1/batches/fails", {"ids": [w["item"]]}),
+        ("/api/v1/effects/resolve", {"scope": "\u0000", "key": "k", "done": True}),
+        ("/api/v1/effects/resolve", {"scope": "s", "key": "\u0000", "done": True}),
+        ("/api/v1/effects/resolve", {"scope": "s", "key": 10**30, "done": True}),
+        ("/api/v1/effects/resolve", {"scope": "s", "key": "k", "done": "yes please"}),
+        ("/api/v1/effects/resolve", {"scope": "s", "key": "k", "done": True, "note": "\u0000"}),
+        ("/api/v1/session", {"token": "\u0000"}), ("/api/v1/session", {"token": 7}),
+        ("/api/v1/session", {"token": "jo_" + "a" * 100_000}),
+    ]
+    out += [(p, json.dumps(b).encode()) for p, b in specific]
+    surrogates = [("/api/v1/jobs", b'{"task": "\\ud800"}'),
+                  ("/api/v1/jobs", b'{"task": "t", "args": ["\\udfff"]}'),
+                  ("/api/v1/jobs", b'{"task": "t", "key": "\\udfff"}'),
+                  ("/api/v1/jobs", b'{"task": "t", "queue": "\\ud800"}'),
+                  ("/api/v1/jobs", b'{"task": "t", "partition_key": "\\ud800"}'),
+                  ("/api/v1/batches", b'{"description": "\\ud800"}'),
+                  ("/api/v1/batches/acks", b'{"ids": ["\\ud800"]}'),
+                  ("/api/v1/batches/fails", b'{"ids": ["' + w["item"].encode() + b'"], "reason": "\\ud800"}'),
+                  ("/api/v1/effects/resolve", b'{"scope": "s", "key": "\\udfff", "done": true}'),
+                  ("/api/v1/effects/resolve", b'{"scope": "s", "key": "k", "done": true, "note": "\\ud800"}'),
+                  ("/api/v1/session", b'{"token": "\\ud800"}'),
+                  ("/api/v1/jobs", b'{"task": "t", "args": ' + nested + b"}"),
+                  ("/api/v1/jobs", b'{"task": "t", "kwargs": {"a": ' + nested + b"}}"),
+                  ("/api/v1/jobs/bulk", b'{"jobs": [{"task": "t", "args": ' + nested + b"}]}")]
+    return out + surrogates
+
+
+def test_hostile_json_on_every_api_route_is_a_4xx_problem_and_changes_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    before = snapshot(lib)
+    with server.client(server.admin) as c:
+        for path, body in hostile_json(world):
+            r = c.post(path, content=body, headers=JSON)
+            refused(r, 400, 401, 404, 409, 413, 422)
+            assert r.headers["content-type"].startswith("application/problem+json"), (path, body[:80])
+        # Still one usable keep-alive connection, and everything still reads back.
+        assert c.get("/api/v1/jobs").status_code == 200
+        assert c.get(f"/api/v1/jobs/{world['ready']}").status_code == 200
+    assert snapshot(lib) == before
+
+
+def test_bodies_over_the_limit_are_413_with_or_without_a_length(server: Server, lib: App) -> None:
+    before = snapshot(lib)
+    limit = 8 * 1024 * 1024
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(limit // (1024 * 1024) + 1):
+            yield b"x" * (1024 * 1024)
+
+    with server.client(server.admin) as c:
+        for path, headers in (("/api/v1/jobs", JSON), ("/api/v1/batches/acks", JSON),
+                              ("/jobs/apply", FORM), ("/signin", FORM)):
+            assert_problem(c.post(path, content=b"x" * (limit + 1), headers=headers), 413, "BodyTooLarge")
+        for path, headers in (("/api/v1/jobs", JSON), ("/jobs/preview", FORM), ("/api/v1/session", JSON)):
+            r = c.post(path, content=chunks(), headers=headers)
+            assert "content-length" not in r.request.headers
+            assert_problem(r, 413, "BodyTooLarge")
+    with server.client(server.admin) as c:
+        refused(c.post("/jobs/apply", content=b"a=" + b"x" * 20_000, headers=FORM), 413)
+    assert snapshot(lib) == before
+
+
+def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    before = snapshot(lib)
+    big = str(10**30)
+    forms: list[tuple[str, dict[str, str] | bytes]] = [
+        ("/jobs/apply", {"action": "cancel", "max_id": big, "expected": "0"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "-5", "expected": "0"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": big}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": "-1"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "9" * 5000, "expected": "0"}),
+        ("/jobs/apply", {"action": "drop", "max_id": "1", "expected": "0"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "x", "expected": "0"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": "0", "queue": "\u0000"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": "0", "state": "zz"}),
+        ("/jobs/preview", {"action": "cancel", "queue": "\u0000"}),
+        ("/jobs/preview", {"action": "cancel", "task": "<script>alert(1)</script>"}),
+        ("/jobs/preview", {"action": "x"}),
+        ("/jobs/preview", {"action": "cancel", "state": "zz"}),
+        ("/effects/resolve", {"state": "done", "scope": "\u0000", "key": "k"}),
+        ("/effects/resolve", {"state": "maybe", "scope": "s", "key": "k"}),
+        ("/effects/resolve", {"state": "done", "scope": "s", "key": "k"}),
+        ("/effects/resolve", b"state=done&scope=%ED%A0%80&key=%ED%A0%80"),
+        ("/effects/resolve", b"state=done&scope=\xff&key=k"),
+        ("/effects/resolve", b"&".join(b"f%d=1" % i for i in range(100))),
+        ("/jobs/999999999/retry", {}), (f"/jobs/{big}/retry", {}), ("/jobs/-1/cancel", {}),
+        ("/jobs/0/cancel", {}), ("/jobs/%00/cancel", {}), ("/jobs/abc/retry", {}),
+        (f"/jobs/{world['ready']}/retry", {}), (f"/jobs/{world['dead']}/cancel", {}),
+        ("/signin", {"token": FAKE_SECRET}), ("/signin", {"token": "\u0000"}),
+        ("/signin", b"token=%ED%A0%80"), ("/signin", b"token=\xff"),
+    ]
+    with server.client(server.admin) as c:
+        for path, form in forms:
+            r = (c.post(path, content=form, headers=FORM) if isinstance(form, bytes)
+                 else c.post(path, data=form))
+            assert r.status_code != 303, (path, form)
+            refused(r, 400, 401, 404, 405, 409, 413, 422)
+        assert c.get("/api/v1/jobs").status_code == 200
+    assert snapshot(lib) == before
+
+
+def test_unknown_ids_methods_and_path_tricks_are_problem_documents(server: Server, lib: App) -> None:
+    before = snapshot(lib)
+    with server.client(server.admin) as c:
+        for path in ("/api/v1/jobs/999999999/cancel", "/api/v1/jobs/999999999/retry",
+                     "/api/v1/batches/999999999/seal", "/api/v1/batches/999999999/groups"):
+            refused(c.post(path, json={"count": 1}), 404)
+        for path in ("/api/v1/jobs/0/cancel", "/api/v1/jobs/-1/cancel", f"/api/v1/jobs/{2**64}/retry",
+                     "/api/v1/jobs/abc/retry", "/api/v1/batches/1.5/seal"):
+            assert_problem(c.post(path), 422, "RequestValidation")
+        for path in ("/api/v1/nope", "/api/v1/jobs/1/nope", "/api/v1/../../etc/passwd",
+                     "/api/v1/jobs/1%2F..%2F..%2Fetc", "/static/../../../../etc/passwd",
+                     "/static/%2e%2e/%2e%2e/pyproject.toml", "/api/v1/jobs/%00/cancel"):
+            r = c.post(path)
+            refused(r, 404, 405, 422)
+            assert "root:" not in r.text
+        assert_problem(c.delete("/api/v1/jobs"), 405, "MethodNotAllowed")
+        assert_problem(c.put("/api/v1/jobs/1/cancel"), 405, "MethodNotAllowed")
+        assert_problem(c.get("/api/v1/nope"), 404, "NotFound")
+        assert_problem(c.get("/api/v1/jobs/0"), 422, "RequestValidation")
+        r = c.get("/static/../../../../etc/passwd")
+        assert r.status_code == 404 and "root:" not in r.text
+    assert snapshot(lib) == before
+
+
+# -- where the browser goes, and what it is shown ------------------------------------------
+def test_sign_in_and_actions_never_redirect_off_site(server: Server, world: dict[str, Any]) -> None:
+    evil = ["//evil.example", "https://evil.example/", "/\\evil.example", "\\\\evil.example",
+            "/\t/evil.example", "javascript:alert(1)", "///evil.example", " //evil.example",
+            "/%2f%2fevil.example", "http:evil.example", "/\r\nSet-Cookie: x=1", "/\\/evil.example"]
+    for nxt in evil:
+        with server.client() as c:
+            r = c.post("/signin", data={"token": server.admin, "next": nxt})
+            assert r.status_code == 303
+            loc = r.headers["location"]
+            assert loc.startswith("/") and not loc.startswith("//") and "\\" not in loc, (nxt, loc)
+            assert "\r" not in loc and "\n" not in loc and "\t" not in loc
+            page = c.get("/signin", params={"next": nxt})
+            assert 'value="//' not in page.text and 'value="/\t' not in page.text
+            assert 'value="http' not in page.text and 'value="javascript' not in page.text
+    with server.client(server.admin) as c:
+        job = c.post("/api/v1/jobs", json={"task": "h.redirect"}).json()["id"]
+        for nxt in evil:
+            r = c.post(f"/jobs/{job}/cancel", data={"next": nxt}, headers={"Referer": "https://evil.example/x"})
+            if r.status_code == 303:
+                loc = r.headers["location"]
+                assert loc.startswith("/") and not loc.startswith("//") and "\\" not in loc, (nxt, loc)
+            c.post(f"/api/v1/jobs/{job}/retry")
+
+
+def test_hostile_text_is_escaped_on_every_page(server: Server, lib: App) -> None:
+    xss = "<script>alert(1)</script>"
+    with server.client(server.admin) as c:
+        job = c.post("/api/v1/jobs", json={"task": "h.x<img>", "args": [xss], "kwargs": {xss: xss},
+                                           "key": f"k{xss}"}).json()
+        c.post(f"/api/v1/jobs/{job['id']}/cancel")
+        batch = c.post("/api/v1/batches", json={"description": xss}).json()
+        pages = [c.get("/jobs"), c.get(f"/jobs/{job['id']}"), c.get("/batches"),
+                 c.get(f"/batches/{batch['id']}"), c.get("/jobs", params={"task": xss}),
+                 c.get("/signin", params={"next": f"/{xss}"}), c.get(f"/jobs/{xss}"),
+                 c.post("/jobs/preview", data={"action": "cancel", "task": "h.x<img>"})]
+        for page in pages:
+            assert page.status_code < 500
+            if not page.headers["content-type"].startswith("text/html"):
+                continue
+            assert "<script>alert" not in page.text and "<img>" not in page.text, page.url
+
+
+def test_token_secrets_are_never_echoed_or_logged(served: tuple[Server, Path], lib: App) -> None:
+    server, log = served
+    with server.client() as c:
+        r = c.post("/api/v1/session", json={"token": server.admin})
+        assert server.admin not in r.text
+        bad = server.admin[:-1] + ("A" if server.admin[-1] != "A" else "B")
+        r = c.post("/api/v1/session", json={"token": bad})
+        assert bad not in r.text
+        r = c.post("/signin", data={"token": bad})
+        assert r.status_code == 401 and bad not in r.text
+    with server.client(server.admin) as c:
+        for path in ("/api/v1/audit", "/api/v1/session", "/metrics"):
+            assert server.admin not in c.get(path).text
+    text = log.read_text(errors="replace")
+    for secret in (server.admin, server.reader, bad):
+        assert secret not in text and secret[12:] not in text
+    assert "Traceback" not in text
