@@ -182,15 +182,13 @@ class PartitionLease:
     def alive(self) -> bool:
         """Not lost, and renewed within the last ``lease`` seconds by this process's clock:
         past that, another process may hold the slot even if no renewal said so yet."""
-        return not self.lost and time.monotonic() < self._valid_until
+        return self.alive_for(0.0)
 
-    @property
-    def valid_until(self) -> float:
-        """When the lease can first have run out, in this process's ``time.monotonic()``:
-        the start of the last successful renewal (or of the acquire) plus ``lease``. The
-        database set the expiry after that start, so the slot cannot have changed hands
-        before this moment."""
-        return self._valid_until
+    def alive_for(self, margin: float) -> bool:
+        """:attr:`alive` with more than ``margin`` seconds of lease left. The lease is
+        counted from before the last successful renewal (or the acquire) was sent: the
+        database set its expiry after that, so the slot cannot have changed hands sooner."""
+        return not self.lost and time.monotonic() + margin < self._valid_until
 
     def owns(self, key: Any) -> bool:
         return partition_of(key, self.n) == self.slot

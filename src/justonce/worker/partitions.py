@@ -4,7 +4,6 @@ job leases, take free or expired slots as a standby, and drop the ones taken ove
 from __future__ import annotations
 
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from ..errors import LeaseLost
@@ -38,9 +37,8 @@ class PartitionKeeper:
         self._round = threading.Lock()  # one round at a time (supervisor, or a fetch after a pause)
 
     def _live(self) -> list[PartitionLease]:
-        horizon = time.monotonic() + self.margin
         with self._lock:
-            return [le for le in self._held if not le.lost and le.valid_until > horizon]
+            return [le for le in self._held if le.alive_for(self.margin)]
 
     def slots(self) -> tuple[int, ...]:
         """The slots held, with more than ``margin`` s of lease left by this process's clock."""
@@ -53,7 +51,8 @@ class PartitionKeeper:
 
     def holds(self, partition_hash: int) -> bool:
         """Whether the slot of a job (by its partition hash) is still live."""
-        return partition_hash % self.n in self.slots()
+        slot = partition_hash % self.n
+        return any(le.slot == slot for le in self._live())
 
     def run_once(self) -> set[int]:
         """Renew what is held (dropping slots expired or taken over), then try to take
@@ -78,8 +77,7 @@ class PartitionKeeper:
         with self._lock:
             # A lease past its time by our own clock is as good as lost: its renewal can
             # only fail now. Drop it so that the slot can be acquired anew below.
-            now = time.monotonic()
-            for lease in [le for le in self._held if le.valid_until <= now]:
+            for lease in [le for le in self._held if not le.alive]:
                 self._held.remove(lease)
                 lease.lost = True
                 lost.add(lease.slot)

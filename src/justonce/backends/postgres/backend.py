@@ -141,6 +141,9 @@ class PostgresBackend(DashboardStore, ServiceStore):
             # Set once per connection at startup: no statement, no round trip.
             self._kwargs["options"] = f"-c search_path={self.schema}"
         self._pool: ConnectionPool | None = None
+        self._own: set[int] = set()
+        """ids of our pooled connections lent out by transaction(), in a READ COMMITTED
+        transaction of ours."""
         self._lock = threading.Lock()
         self._schema_ok = False
 
@@ -580,7 +583,8 @@ class PostgresBackend(DashboardStore, ServiceStore):
         if conn is None:
             return self._on(None, fn, atomic=True)
         c = self._caller_connection(conn)
-        level = c.execute("SHOW transaction_isolation").fetchone()
+        level = ("read committed",) if id(c) in self._own else c.execute(
+            "SHOW transaction_isolation").fetchone()
         if level is None or level[0] != "read committed":
             raise InvalidOption(
                 "batch operations on your connection need READ COMMITTED isolation (each "
@@ -674,11 +678,15 @@ class PostgresBackend(DashboardStore, ServiceStore):
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:
         with self._connection() as c:
-            if self._local_schema is not None:  # (there, c is in one transaction already)
-                yield c
-                return
-            with c.transaction():
-                yield c
+            self._own.add(id(c))  # READ COMMITTED already: _b_tx need not ask the server
+            try:
+                if self._local_schema is not None:  # (there, c is in one transaction already)
+                    yield c
+                    return
+                with c.transaction():
+                    yield c
+            finally:
+                self._own.discard(id(c))
 
     def _b_insert_jobs(self, c: psycopg.Connection, jobs: Sequence[NewJob]) -> list[int]:
         return self._insert_many(c, jobs)
