@@ -227,7 +227,7 @@ class App:
         st = validate.optional_state(state, JobState)
         if not isinstance(limit, int) or not 1 <= limit <= 10000:
             raise InvalidOption("limit must be in [1, 10000]")
-        return self.backend.job_list(state=st, queue=queue, task=task, limit=limit)
+        return self.backend.job_page(JobFilter(state=st, queue=queue, task=task), None, limit)
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a scheduled, ready or running job. A running job's worker can no longer

@@ -93,11 +93,6 @@ class Backend(Protocol):
     def job_get(self, job_id: int) -> Job | None:
         """The job, or None."""
 
-    def job_list(
-        self, *, state: str | None, queue: str | None, task: str | None, limit: int
-    ) -> list[Job]:
-        """Newest first."""
-
     def job_cancel(self, job_id: int) -> Job | None:
         """scheduled / ready / running → cancelled. None when the job is not live
         (the caller tells 'not found' from 'already finished'). A running job's worker

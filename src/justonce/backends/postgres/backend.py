@@ -388,12 +388,6 @@ class PostgresBackend(DashboardStore, ServiceStore):
         rows = self._fetch("job_get", {"id": job_id}, dicts=True)
         return job_from_row(rows[0]) if rows else None
 
-    def job_list(
-        self, *, state: str | None, queue: str | None, task: str | None, limit: int
-    ) -> list[Job]:
-        params = {"state": state, "queue": queue, "task": task, "limit": limit}
-        return [job_from_row(r) for r in self._fetch("job_list", params, dicts=True)]
-
     def job_cancel(self, job_id: int) -> Job | None:
         def run(conn: psycopg.Connection) -> Job | None:
             cur = conn.cursor(row_factory=dict_row)

@@ -93,14 +93,6 @@ SELECT * FROM justonce_jobs
 -- name: job_get
 SELECT * FROM justonce_jobs WHERE id = %(id)s
 
--- name: job_list
-SELECT * FROM justonce_jobs
- WHERE (%(state)s::text IS NULL OR state = %(state)s)
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(task)s::text IS NULL OR task = %(task)s)
- ORDER BY id DESC
- LIMIT %(limit)s
-
 -- name: claim_lease
 -- (A fragment of the claims below: lease the picked jobs.)
 UPDATE justonce_jobs j

@@ -342,14 +342,6 @@ class SQLiteBackend(DashboardStore, ServiceStore):
         rows = self._read(Q["job_get"], {"id": job_id})
         return job_from_row(_decode(dict(rows[0]))) if rows else None
 
-    def job_list(
-        self, *, state: str | None, queue: str | None, task: str | None, limit: int
-    ) -> list[Job]:
-        rows = self._read(
-            Q["job_list"], {"state": state, "queue": queue, "task": task, "limit": limit}
-        )
-        return [job_from_row(_decode(dict(r))) for r in rows]
-
     def _one_job(self, name: str, job_id: int) -> Job | None:
         def run(conn: sqlite3.Connection) -> Job | None:
             row = conn.execute(Q[name], {"id": job_id}).fetchone()

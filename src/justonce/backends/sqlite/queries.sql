@@ -48,14 +48,6 @@ SELECT * FROM justonce_jobs
 -- name: job_get
 SELECT * FROM justonce_jobs WHERE id = :id
 
--- name: job_list
-SELECT * FROM justonce_jobs
- WHERE (:state IS NULL OR state = :state)
-   AND (:queue IS NULL OR queue = :queue)
-   AND (:task IS NULL OR task = :task)
- ORDER BY id DESC
- LIMIT :limit
-
 -- name: claim_lease
 -- (A fragment of the claims below: lease the picked jobs.)
 UPDATE justonce_jobs
