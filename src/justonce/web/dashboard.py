@@ -284,6 +284,20 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return response
 
     # -- pages -------------------------------------------------------------------------
+    def snapshot_page(path: str, live: str, template: str, title: str,
+                      ctx: Callable[[], dict[str, Any]]) -> None:
+        """A page and its live fragment (``live``, re-fetched by the page every refresh):
+        the same context, read from the shared snapshot, in ``<template>.html`` and in
+        its partial ``_<template>.html``."""
+        def page(request: Request, viewer: Principal = Viewer) -> Response:
+            return render(f"{template}.html", request, viewer, title=title, **ctx())
+
+        def fragment(request: Request, viewer: Principal = Viewer) -> Response:
+            return render(f"_{template}.html", request, viewer, **ctx())
+
+        r.get(path, response_class=HTMLResponse, name=template)(page)
+        r.get(live, response_class=HTMLResponse, name=f"live_{template}")(fragment)
+
     def overview_ctx() -> dict[str, Any]:
         snap = snapshots.get()
         ok = snap.succeeded
@@ -292,13 +306,7 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                 "peak": max([*ok, *snap.failed, 0]),
                 "window_label": f"{len(ok) // 60} minutes"}
 
-    @r.get("/", response_class=HTMLResponse)
-    def overview(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("overview.html", request, viewer, title="Overview", **overview_ctx())
-
-    @r.get("/live/overview", response_class=HTMLResponse)
-    def live_overview(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("_overview.html", request, viewer, **overview_ctx())
+    snapshot_page("/", "/live/overview", "overview", "Overview", overview_ctx)
 
     @r.get("/dashboard/snapshot")
     def snapshot_json(request: Request, viewer: Principal = Viewer) -> Response:
@@ -396,13 +404,7 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         snap = snapshots.get()
         return {"batches": snap.batches, "now": snap.now}
 
-    @r.get("/batches", response_class=HTMLResponse)
-    def batches(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("batches.html", request, viewer, title="Batches", **batches_ctx())
-
-    @r.get("/live/batches", response_class=HTMLResponse)
-    def live_batches(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("_batches.html", request, viewer, **batches_ctx())
+    snapshot_page("/batches", "/live/batches", "batches", "Batches", batches_ctx)
 
     batch_cache: dict[int, tuple[float, Any, Any]] = {}
 
@@ -434,25 +436,13 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         snap = snapshots.get()
         return {"slots": snap.slots, "now": snap.now, "section": "/partitions"}
 
-    @r.get("/partitions", response_class=HTMLResponse)
-    def partitions(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("partitions.html", request, viewer, title="Partitions", **slots_ctx())
-
-    @r.get("/live/partitions", response_class=HTMLResponse)
-    def live_partitions(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("_partitions.html", request, viewer, **slots_ctx())
+    snapshot_page("/partitions", "/live/partitions", "partitions", "Partitions", slots_ctx)
 
     def effects_ctx() -> dict[str, Any]:
         snap = snapshots.get()
         return {"effects": snap.in_doubt, "now": snap.now, "section": "/effects"}
 
-    @r.get("/effects", response_class=HTMLResponse)
-    def effects(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("effects.html", request, viewer, title="Effects", **effects_ctx())
-
-    @r.get("/live/effects", response_class=HTMLResponse)
-    def live_effects(request: Request, viewer: Principal = Viewer) -> Response:
-        return render("_effects.html", request, viewer, **effects_ctx())
+    snapshot_page("/effects", "/live/effects", "effects", "Effects", effects_ctx)
 
     @r.post("/effects/resolve")
     async def effects_resolve(request: Request) -> Response:
