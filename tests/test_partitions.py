@@ -395,9 +395,9 @@ def test_an_uncommitted_partitioned_claim_keeps_a_standby_off_its_slot(app: App,
     job = app.enqueue(step, [3], partition_key=3)
     lease = app.partitions.try_acquire("jobs", 1, lease=0.3)
     assert lease is not None
-    name, params = app.backend._claim_params(
+    name, params = app.backend.claim_params(
         "default", 10, "paused", 30, SlotFence("jobs", 1, ((lease.slot, lease.token),)))
-    with app.backend._connection() as conn, conn.transaction():
+    with app.backend.pg._connection() as conn, conn.transaction():
         rows = conn.execute(Q[name], params).fetchall()
         assert [r[0] for r in rows] == [job.id]
         time.sleep(0.5)  # the slot's lease runs out while the claim is not committed
@@ -426,10 +426,10 @@ def test_a_claim_left_uncommitted_by_a_frozen_worker_frees_its_slot_after_a_leas
     job = app.enqueue(step, [3], partition_key=3)
     lease = app.partitions.try_acquire("jobs", 1, lease=0.3)
     assert lease is not None
-    name, params = app.backend._claim_params(
+    name, params = app.backend.claim_params(
         "default", 10, "frozen", 0.3, SlotFence("jobs", 1, ((lease.slot, lease.token),)))
     took = None
-    with pytest.raises((psycopg.Error, DatabaseUnavailable)), app.backend._connection() as conn, \
+    with pytest.raises((psycopg.Error, DatabaseUnavailable)), app.backend.pg._connection() as conn, \
             conn.transaction():
         conn.execute(Q["idle_timeout_local"], {"ms": "300ms"})
         assert [r[0] for r in conn.execute(Q[name], params).fetchall()] == [job.id]

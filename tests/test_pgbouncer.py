@@ -133,14 +133,14 @@ def test_pgbouncer_option_turns_off_prepared_statements_the_startup_schema_and_l
     from justonce.backends.postgres.backend import PostgresBackend
 
     direct = PostgresBackend("postgresql://u@127.0.0.1:5432/db?schema=jobs")
-    assert "prepare_threshold" not in direct._kwargs
-    assert direct._kwargs["options"] == "-c search_path=jobs" and direct._local_schema is None
+    assert "prepare_threshold" not in direct.pg._kwargs
+    assert direct.pg._kwargs["options"] == "-c search_path=jobs" and direct.pg._local_schema is None
     assert direct.waiter(["default"]).listen and not direct.waiter(["default"], listen=False).listen
 
     behind = PostgresBackend("postgresql://u@127.0.0.1:6432/db?schema=jobs&pgbouncer=1")
-    assert behind.pgbouncer and behind.conninfo == "postgresql://u@127.0.0.1:6432/db"
-    assert behind._kwargs["prepare_threshold"] is None and "options" not in behind._kwargs
-    assert behind._local_schema == "jobs" and behind.channel == "justonce.jobs"
+    assert behind.pg.pgbouncer and behind.pg.conninfo == "postgresql://u@127.0.0.1:6432/db"
+    assert behind.pg._kwargs["prepare_threshold"] is None and "options" not in behind.pg._kwargs
+    assert behind.pg._local_schema == "jobs" and behind.pg.channel == "justonce.jobs"
     assert not behind.waiter(["default"], listen=True).listen
 
 

@@ -27,6 +27,7 @@ from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
 from .errors import EffectNotFound, InvalidOption, InvalidTransition
 from .events import Event, emit
 from .models import EffectInfo
+from .owner import default_owner
 from .types import JSON
 
 if TYPE_CHECKING:
@@ -197,6 +198,4 @@ def _key(value: Any) -> str:
 
 
 def _owner() -> str:
-    from .worker.worker import default_owner
-
     return default_owner()

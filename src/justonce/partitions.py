@@ -36,6 +36,7 @@ from .errors import (
 )
 from .events import Event, emit
 from .models import SlotInfo
+from .owner import default_owner
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ MAX_SLOTS = 4096
 ENV_N = "JUSTONCE_PARTITIONS"
 """Where ``n`` comes from when it is not given (the seed's ``ENV["N"]``)."""
 INT64 = 2**63
-DIALECTS = ("postgres", "sqlite")
+DIALECTS = ("postgres", "sqlite", "mysql")
 
 
 def partition_hash(key: Any) -> int:
@@ -98,16 +99,15 @@ def slot_expression(column: str, n: int, *, key_type: str = "int", dialect: str 
     col = validate.sql_identifier(column)
     if dialect not in DIALECTS:
         raise InvalidOption(f"dialect must be one of {DIALECTS}, not {dialect!r}")
-    if key_type == "int":
-        if dialect == "postgres":
-            return f"mod(mod({col}, {n}) + {n}, {n})"
-        return f"((({col}) % {n}) + {n}) % {n}"
-    if key_type == "text":
-        if dialect == "postgres":
-            fn = f"{validate.sql_identifier(schema)}.justonce_crc32" if schema else "justonce_crc32"
-            return f"mod({fn}(convert_to({col}, 'UTF8')), {n})"
-        return f"(justonce_crc32({col}) % {n})"
-    raise InvalidOption(f"key_type must be 'int' or 'text', not {key_type!r}")
+    if key_type not in ("int", "text"):
+        raise InvalidOption(f"key_type must be 'int' or 'text', not {key_type!r}")
+    if dialect == "postgres":
+        from .backends.postgres.slots import slot_sql
+    elif dialect == "sqlite":
+        from .backends.sqlite.functions import slot_sql
+    else:
+        from .backends.mysql.slots import slot_sql
+    return slot_sql(col, n, key_type, None if schema is None else validate.sql_identifier(schema))
 
 
 def slot_predicate(column: str, n: int, slot: int, *, key_type: str = "int",
@@ -124,17 +124,9 @@ def slot_predicate(column: str, n: int, slot: int, *, key_type: str = "int",
 def register_sqlite_functions(conn: sqlite3.Connection) -> None:
     """Make ``justonce_crc32(text or blob)`` available on your own SQLite connection, for
     text-key predicates (justonce registers it on its own connections)."""
-    conn.create_function("justonce_crc32", 1, _sqlite_crc32, deterministic=True)
+    from .backends.sqlite.functions import register_functions
 
-
-def _sqlite_crc32(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return zlib.crc32(value.encode("utf-8", "surrogatepass"))
-    if isinstance(value, bytes):
-        return zlib.crc32(value)
-    return zlib.crc32(str(value).encode())
+    register_functions(conn)
 
 
 def n_from_env(n: int | None) -> int:
@@ -349,8 +341,6 @@ class Partitions:
 
 
 def _default_owner() -> str:
-    from .worker.worker import default_owner
-
     return default_owner()
 
 

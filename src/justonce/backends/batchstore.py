@@ -1,15 +1,14 @@
-"""The batch operations of every backend: one algorithm over each backend's own SQL.
+"""The batch operations, written once over every dialect (dialect.py).
 
-Both backends name the same statements in their ``queries.sql`` (``batch_*``) with the
-same parameters and result columns; list parameters travel as one JSON document. A backend
-mixes this class in and supplies the few primitives at the bottom (run a statement, run
-one in a transaction, set bits, read a time value).
+Every dialect's ``queries.sql`` names the same statements (``batch_*``) with the same
+parameters and result columns; list parameters travel as one JSON document.
 
-Setting bits is the one primitive written twice (``_b_flip``): on Postgres the bits are a
-bit string and one statement locks the chunks, ORs a mask into each and reports what was set
-before, so a chunk's lock is held for that statement and the commit only; SQLite has no bit
-operations on blobs, and its write transaction (``BEGIN IMMEDIATE``) already excludes every
-other writer, so it reads the chunks, sets the bits in Python and writes them back.
+Setting bits is the one primitive the dialects do their own way (``Dialect.flip``): on
+Postgres the bits are a bit string and one statement locks the chunks, ORs a mask into each
+and reports what was set before, so a chunk's lock is held for that statement and the commit
+only; SQLite and MySQL read the chunks under lock, set the bits in Python and write them
+back (SQLite's write transaction already excludes every other writer; MySQL locks the chunk
+rows in key order).
 
 Exactly-once completion: only a transaction that brings a chunk's pending count to 0 (or a
 seal) can complete a batch. It then locks the batch row and, in a *later* statement (so on
@@ -28,32 +27,17 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, TypeVar
 
 from ..errors import BatchExpired, BatchNotFound, InvalidTransition, ItemNotFound
 from ..items import CHUNK_BITS, ItemGroup, ItemRef, chunk_sizes, new_group_id, parse_item_id
 from ..models import AckResult, BatchInfo, BatchPruneReport, ItemFailure, NewJob, SealResult
 from ..types import BatchState
+from .dialect import Dialect, Flip, Key
 
 T = TypeVar("T")
-Key = tuple[int, str, int]
-"""A chunk: (batch id, group id, chunk number)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Flip:
-    """What setting bits did to one chunk."""
-
-    size: int
-    state: str
-    """Its batch's state."""
-    pending_before: int
-    pending_after: int | None
-    """None when no bit changed."""
-    was_set: frozenset[int]
-    """The asked positions that were set already."""
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -83,26 +67,33 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-class BatchStore:
-    """Mixin: the Backend protocol's ``batch_*`` operations."""
+class BatchOps:
+    """The Backend protocol's ``batch_*`` operations over a dialect. Jobs bound to items
+    are inserted through the Store's own inserts (``insert_jobs``, ``insert_calls``)."""
+
+    def __init__(self, d: Dialect, insert_jobs: Callable[[Any, Sequence[NewJob]], list[int]],
+                 insert_calls: Callable[[Any, NewJob, str, str, str], list[int]]) -> None:
+        self.d = d
+        self.insert_jobs = insert_jobs
+        self.insert_calls = insert_calls
 
     # -- operations -----------------------------------------------------------------------
     def batch_open(self, description: str | None, callbacks: dict[str, Any],
                    expire_after: float, conn: Any = None) -> int:
         params = {"description": description, "callbacks": _dumps(callbacks),
                   "expire_after": expire_after}
-        return int(self._b_tx(conn, lambda c: self._b_rows(c, "batch_open", params))[0][0])
+        return int(self.d.tx(conn, lambda c: self.d.rows(c, "batch_open", params))[0][0])
 
     def batch_add(self, batch_id: int, count: int, conn: Any = None) -> ItemGroup:
-        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, count, lambda g: [])[0])
+        return self.d.tx(conn, lambda c: self._add_group(c, batch_id, count, lambda g: [])[0])
 
     def batch_enqueue(self, batch_id: int, jobs: Sequence[NewJob],
                       conn: Any = None) -> tuple[ItemGroup, list[int]]:
         def insert(c: Any, group: ItemGroup) -> list[int]:
             prefix = f"{batch_id}:{group.group_id}:"
-            return self._b_insert_jobs(c, [j.bound_to(f"{prefix}{i}") for i, j in enumerate(jobs)])
+            return self.insert_jobs(c, [j.bound_to(f"{prefix}{i}") for i, j in enumerate(jobs)])
 
-        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, len(jobs),
+        return self.d.tx(conn, lambda c: self._add_group(c, batch_id, len(jobs),
                                                           lambda g: insert(c, g)))
 
     def batch_enqueue_calls(self, batch_id: int, template: NewJob, args_doc: str,
@@ -110,14 +101,14 @@ class BatchStore:
                             conn: Any = None) -> tuple[ItemGroup, list[int]]:
         def insert(c: Any, group: ItemGroup) -> list[int]:
             prefix = f"{batch_id}:{group.group_id}:"
-            return self._b_insert_calls(c, template, args_doc, kwargs_doc, prefix)
+            return self.insert_calls(c, template, args_doc, kwargs_doc, prefix)
 
-        return self._b_tx(conn, lambda c: self._add_group(c, batch_id, count,
+        return self.d.tx(conn, lambda c: self._add_group(c, batch_id, count,
                                                           lambda g: insert(c, g)))
 
     def batch_seal(self, batch_id: int, conn: Any = None) -> SealResult:
         def run(c: Any) -> SealResult:
-            if not self._b_rows(c, "batch_seal", {"id": batch_id}):
+            if not self.d.rows(c, "batch_seal", {"id": batch_id}):
                 state = self._state_or_raise(c, batch_id, "sealed")
                 # Sealing again also re-checks completion: cheap, and it repairs a batch
                 # whose completion was missed (it cannot complete it twice).
@@ -129,38 +120,38 @@ class BatchStore:
             state = BatchState.COMPLETED if done else BatchState.SEALED
             return SealResult(batch_id, state, completed=bool(done))
 
-        return self._b_tx(conn, run)
+        return self.d.tx(conn, run)
 
     def batch_resolve(self, refs: Sequence[ItemRef], reason: str | None,
                       conn: Any = None) -> AckResult:
         if not refs:
             return AckResult(0)
-        was_set, completed = self._b_tx(conn, lambda c: self._resolve(c, refs, reason, strict=True))
+        was_set, completed = self.d.tx(conn, lambda c: self._resolve(c, refs, reason, strict=True))
         return self._ack_result(refs, was_set, completed)
 
     def batch_get(self, batch_id: int) -> BatchInfo | None:
-        rows = self._b_read("batch_get", {"id": batch_id})
+        rows = self.d.read("batch_get", {"id": batch_id})
         return self._info(rows[0]) if rows else None
 
     def batch_list(self, state: str | None, limit: int) -> list[BatchInfo]:
-        return [self._info(r) for r in self._b_read("batch_list", {"state": state, "limit": limit})]
+        return [self._info(r) for r in self.d.read("batch_list", {"state": state, "limit": limit})]
 
     def batch_failures(self, batch_id: int, limit: int) -> list[ItemFailure]:
-        rows = self._b_read("batch_failures", {"id": batch_id, "limit": limit})
-        return [ItemFailure(r[0], r[1], self._b_time(r[2])) for r in rows]  # type: ignore[arg-type]
+        rows = self.d.read("batch_failures", {"id": batch_id, "limit": limit})
+        return [ItemFailure(r[0], r[1], self.d.time(r[2])) for r in rows]  # type: ignore[arg-type]
 
     def batches_prune(self, retention: float, limit: int = 1000) -> BatchPruneReport:
         # Two transactions, each in the lock order of acks (chunks before batches): the
         # removal deletes chunks first; the expiry touches batch rows only.
         def remove(c: Any) -> int:
             old = [{"id": r[0]} for r in
-                   self._b_rows(c, "batches_old", {"retention": retention, "limit": limit})]
+                   self.d.rows(c, "batches_old", {"retention": retention, "limit": limit})]
             for name in ("batch_delete_chunks", "batch_delete_failures", "batch_delete"):
-                self._b_many(c, name, old)
+                self.d.many(c, name, old)
             return len(old)
 
-        removed = self._b_tx(None, remove)
-        expired = len(self._b_tx(None, lambda c: self._b_rows(c, "batches_expire", {"limit": limit})))
+        removed = self.d.tx(None, remove)
+        expired = len(self.d.tx(None, lambda c: self.d.rows(c, "batches_expire", {"limit": limit})))
         return BatchPruneReport(expired=expired, removed=removed)
 
     # -- the algorithm --------------------------------------------------------------------
@@ -171,11 +162,11 @@ class BatchStore:
         acks that complete chunks of the same batch. A batch that is not open (or does not
         exist) raises, and the transaction rolls back what was inserted."""
         group = ItemGroup(batch_id, new_group_id(), count)
-        self._b_many(c, "batch_chunks_insert", [{
+        self.d.many(c, "batch_chunks_insert", [{
             "id": batch_id, "group_id": group.group_id, "sizes": _dumps(chunk_sizes(count)),
         }])
         job_ids = then(group)
-        if not self._b_rows(c, "batch_add", {"id": batch_id, "count": count}):
+        if not self.d.rows(c, "batch_add", {"id": batch_id, "count": count}):
             state = self._state_or_raise(c, batch_id, "added to")
             raise InvalidTransition(
                 f"batch {batch_id} is {state}: items can only be added to an open batch"
@@ -183,7 +174,7 @@ class BatchStore:
         return group, job_ids
 
     def _state_or_raise(self, c: Any, batch_id: int, verb: str) -> BatchState:
-        rows = self._b_rows(c, "batch_state", {"id": batch_id})
+        rows = self.d.rows(c, "batch_state", {"id": batch_id})
         if not rows:
             raise BatchNotFound(f"no batch {batch_id}")
         state = BatchState(rows[0][0])
@@ -201,7 +192,7 @@ class BatchStore:
         by_chunk: dict[Key, set[int]] = defaultdict(set)
         for ref in refs:
             by_chunk[(ref.batch_id, ref.group_id, ref.chunk)].add(ref.bit)
-        flips = self._b_flip(c, by_chunk)
+        flips = self.d.flip(c, by_chunk)
         if strict and (len(flips) < len(by_chunk) or any(
                 f.state == BatchState.EXPIRED or max(by_chunk[k]) >= f.size for k, f in flips.items())):
             self._check_refs(c, refs, flips)
@@ -210,7 +201,7 @@ class BatchStore:
                        "reason": reason}
                       for k, f in flips.items() if f.pending_after is not None
                       for pos in sorted(by_chunk[k]) if pos < f.size and pos not in f.was_set]
-            self._b_many(c, "batch_failure_insert", failed)
+            self.d.many(c, "batch_failure_insert", failed)
         emptied = sorted({k[0] for k, f in flips.items() if f.pending_after == 0})
         completed = self._complete_if_done(c, emptied) if emptied else []
         return {k: f.was_set for k, f in flips.items()}, completed
@@ -238,7 +229,7 @@ class BatchStore:
             if flip is not None and ref.bit < flip.size:
                 continue
             self._state_or_raise(c, ref.batch_id, "acked")
-            size = self._b_rows(c, "batch_group_size", {"id": ref.batch_id, "group_id": ref.group_id})
+            size = self.d.rows(c, "batch_group_size", {"id": ref.batch_id, "group_id": ref.group_id})
             if not size or size[0][0] is None:
                 raise ItemNotFound(f"batch {ref.batch_id} has no group {ref.group_id!r} (item {ref})")
             raise ItemNotFound(
@@ -249,16 +240,16 @@ class BatchStore:
     def _complete_if_done(self, c: Any, batch_ids: Sequence[int]) -> list[int]:
         """Complete those of ``batch_ids`` that are sealed with nothing pending; insert
         their callback jobs. Returns the ids completed (see the module docstring)."""
-        locked = self._b_rows(c, "batch_lock", {"ids": _dumps(sorted(batch_ids))})
+        locked = self.d.rows(c, "batch_lock", {"ids": _dumps(sorted(batch_ids))})
         sealed = [r for r in locked if r[1] == BatchState.SEALED]
         if not sealed:
             return []
         ids = _dumps([r[0] for r in sealed])
-        busy = {r[0] for r in self._b_rows(c, "batch_pending", {"ids": ids})}
+        busy = {r[0] for r in self.d.rows(c, "batch_pending", {"ids": ids})}
         done = [r for r in sealed if r[0] not in busy]
         if not done:
             return []
-        failed = {r[0]: r[1] for r in self._b_rows(c, "batch_failure_counts", {"ids": ids})}
+        failed = {r[0]: r[1] for r in self.d.rows(c, "batch_failure_counts", {"ids": ids})}
         finals = []
         for batch_id, _, description, callbacks, total in done:
             n_failed = int(failed.get(batch_id, 0))
@@ -268,11 +259,11 @@ class BatchStore:
             specs = _json(callbacks)
             for which in ("complete", "success") if n_failed == 0 else ("complete",):
                 if specs.get(which):
-                    self._b_insert_jobs(c, [callback_job(specs[which], summary)])
-        self._b_many(c, "batch_complete", finals)
+                    self.insert_jobs(c, [callback_job(specs[which], summary)])
+        self.d.many(c, "batch_complete", finals)
         return [f["id"] for f in finals]
 
-    def _resolve_job_items(self, c: Any, items: Sequence[str | None], reason: str | None) -> None:
+    def resolve_job_items(self, c: Any, items: Sequence[str | None], reason: str | None) -> None:
         """Resolve the batch items of finished jobs in the caller's transaction (lenient:
         an item whose batch is gone or expired is skipped)."""
         refs = [parse_item_id(i) for i in items if i]
@@ -287,44 +278,9 @@ class BatchStore:
         return BatchInfo(
             id=batch_id, state=BatchState(state), description=description, total=int(total),
             acked=int(total) - int(pending) - failed, failed=failed, groups=groups,
-            expire_after=float(expire_after), created_at=self._b_time(created_at),  # type: ignore[arg-type]
-            updated_at=self._b_time(updated_at), sealed_at=self._b_time(sealed_at),  # type: ignore[arg-type]
-            finished_at=self._b_time(finished_at),
+            expire_after=float(expire_after), created_at=self.d.time(created_at),  # type: ignore[arg-type]
+            updated_at=self.d.time(updated_at), sealed_at=self.d.time(sealed_at),  # type: ignore[arg-type]
+            finished_at=self.d.time(finished_at),
             on_complete=(specs.get("complete") or {}).get("task"),
             on_success=(specs.get("success") or {}).get("task"),
         )
-
-    # -- primitives each backend supplies -------------------------------------------------
-    def _b_tx(self, conn: Any, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(c)`` atomically: in the caller's open transaction on ``conn``, or in a
-        transaction of its own."""
-        raise NotImplementedError
-
-    def _b_locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:
-        """``_b_tx`` with lock waits bounded by ``lock_timeout`` (LockTimeout past it)."""
-        raise NotImplementedError
-
-    def _b_rows(self, c: Any, name: str, params: dict[str, Any]) -> list[Any]:
-        raise NotImplementedError
-
-    def _b_many(self, c: Any, name: str, seq: Sequence[dict[str, Any]]) -> None:
-        raise NotImplementedError
-
-    def _b_flip(self, c: Any, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
-        """Lock the chunks (in key order) and set the bits at ``positions`` (skipping
-        positions past a chunk's size and chunks of expired batches); a chunk that does
-        not exist is missing from the answer."""
-        raise NotImplementedError
-
-    def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
-        raise NotImplementedError
-
-    def _b_time(self, value: Any) -> datetime | None:
-        raise NotImplementedError
-
-    def _b_insert_jobs(self, c: Any, jobs: Sequence[NewJob]) -> list[int]:
-        raise NotImplementedError
-
-    def _b_insert_calls(self, c: Any, template: NewJob, args_doc: str, kwargs_doc: str,
-                        item_prefix: str) -> list[int]:
-        raise NotImplementedError

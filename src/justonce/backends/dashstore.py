@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dialect import Dialect
 
 COUNT_CAP = 1_000
 """Capped counts stop after this many rows (and show as "1,000+", or as the statistics'
@@ -52,8 +55,11 @@ class JobLine:
     last_error: str | None
 
 
-class DashboardStore:
-    """Mixin: the Backend protocol's ``dash_*`` operations."""
+class DashOps:
+    """The Backend protocol's ``dash_*`` operations over a dialect."""
+
+    def __init__(self, d: Dialect) -> None:
+        self.d = d
 
     def dash_counts(self) -> dict[tuple[str, str], Count]:
         """Jobs per (queue, state), bounded whatever the size of the table.
@@ -67,13 +73,13 @@ class DashboardStore:
         is higher shows the estimate."""
         size = self._dash_estimate()
         if size < EXACT_BELOW:
-            rows = self._b_read("dash_counts_exact", {"cap": EXACT_BELOW})
+            rows = self.d.read("dash_counts_exact", {"cap": EXACT_BELOW})
             if sum(int(n) for _, _, n in rows) < EXACT_BELOW:
                 return {(q, s): Count(int(n)) for q, s, n in rows}
         estimates = self._dash_estimates(size)
         counts = {(q, s): Count(n, "estimate") for (q, s), n in estimates.items()
                   if s in ("succeeded", "cancelled") and n}
-        for q, s, n in self._b_read("dash_counts_running", {}):
+        for q, s, n in self.d.read("dash_counts_running", {}):
             counts[(q, s)] = Count(int(n))
 
         def capped(key: tuple[str, str], n: int, reached: bool) -> None:
@@ -84,15 +90,15 @@ class DashboardStore:
             else:
                 counts[key] = Count(n, "capped")
 
-        rows = self._b_read("dash_counts_capped", {"cap": COUNT_CAP})
+        rows = self.d.read("dash_counts_capped", {"cap": COUNT_CAP})
         per_state: dict[str, int] = {}
         for _, s, n in rows:
             per_state[s] = per_state.get(s, 0) + int(n)
         for q, s, n in rows:
             capped((q, s), int(n), per_state[s] >= COUNT_CAP)
-        queues = [q for (q,) in self._b_read("dash_ready_queues", {"limit": MAX_QUEUES})]
+        queues = [q for (q,) in self.d.read("dash_ready_queues", {"limit": MAX_QUEUES})]
         if queues:
-            ready = self._b_read("dash_count_ready", {"queues": json.dumps(sorted(queues)),
+            ready = self.d.read("dash_count_ready", {"queues": json.dumps(sorted(queues)),
                                                       "cap": COUNT_CAP})
             for q, n in ready:
                 capped((q, "ready"), int(n), int(n) >= COUNT_CAP)
@@ -101,16 +107,16 @@ class DashboardStore:
     def _dash_estimate(self) -> int:
         """The planner's row count of the jobs table (PostgreSQL: pg_class.reltuples, -1
         before the first ANALYZE; SQLite: the span of ids). One catalog or rowid look-up."""
-        rows = self._b_read("dash_jobs_estimate", {})
+        rows = self.d.read("dash_jobs_estimate", {})
         return int(rows[0][0]) if rows and rows[0][0] is not None else -1
 
     def _dash_estimates(self, size: int) -> dict[tuple[str, str], int]:
         """Estimated jobs per (queue, state): the statistics, else a sample of the newest
         COUNT_CAP jobs scaled to the table's estimated size."""
-        found = {(q, s): int(n) for q, s, n in self._b_read("dash_counts_estimated", {})}
+        found = {(q, s): int(n) for q, s, n in self.d.read("dash_counts_estimated", {})}
         if found:
             return found
-        rows = self._b_read("dash_counts_sample", {"cap": COUNT_CAP})
+        rows = self.d.read("dash_counts_sample", {"cap": COUNT_CAP})
         seen = sum(int(n) for _, _, n in rows)
         scale = max(size, seen) / seen if seen else 0.0
         return {(q, s): round(int(n) * scale) for q, s, n in rows}
@@ -120,27 +126,20 @@ class DashboardStore:
         after ``since`` (epoch seconds), by the database's clock. Walks the finished-jobs
         index from ``since``: cost grows with the jobs finished since then, not the table."""
         return [(int(sec), str(st), int(n))
-                for sec, st, n in self._b_read("dash_finished_since", {"since": since})]
+                for sec, st, n in self.d.read("dash_finished_since", {"since": since})]
 
     def dash_clock(self) -> float:
         """The database's now() in epoch seconds."""
-        return float(self._b_read("dash_clock", {})[0][0])
+        return float(self.d.read("dash_clock", {})[0][0])
 
     def dash_running(self, limit: int) -> list[JobLine]:
         """Running jobs, the soonest lease expiry first."""
-        return [self._dash_line(r) for r in self._b_read("dash_running", {"limit": limit})]
+        return [self._dash_line(r) for r in self.d.read("dash_running", {"limit": limit})]
 
     def dash_dead(self, limit: int) -> list[JobLine]:
         """Dead jobs, the newest first."""
-        return [self._dash_line(r) for r in self._b_read("dash_dead", {"limit": limit})]
+        return [self._dash_line(r) for r in self.d.read("dash_dead", {"limit": limit})]
 
     def _dash_line(self, r: Any) -> JobLine:
         return JobLine(int(r[0]), r[1], r[2], r[3], int(r[4]), int(r[5]), r[6],
-                       self._b_time(r[7]), self._b_time(r[8]), self._b_time(r[9]), r[10])
-
-    # Provided by the backend (see batchstore.py).
-    def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
-        raise NotImplementedError
-
-    def _b_time(self, value: Any) -> datetime | None:
-        raise NotImplementedError
+                       self.d.time(r[7]), self.d.time(r[8]), self.d.time(r[9]), r[10])

@@ -1,5 +1,5 @@
-"""The effect-ledger operations of every backend: one algorithm over each backend's SQL
-(the ``effect_*`` statements), like batchstore.py.
+"""The effect-ledger operations, written once over every dialect (the ``effect_*``
+statements), like batchstore.py.
 
 A claim is "check state, change state" in one transaction: make sure the entry exists,
 lock it (waiting at most ``lock_timeout``: Postgres ``lock_timeout``, SQLite's busy wait
@@ -10,20 +10,22 @@ connection); ``effect_done`` marks it done only if the token is still the claim'
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from ..errors import InvalidOption
 from ..models import EffectInfo
-from .leasestore import LeaseStore
+from .dialect import Dialect
 
 T = TypeVar("T")
 AT_MOST_ONCE = "at_most_once"
 AT_LEAST_ONCE = "at_least_once"
 
 
-class EffectStore(LeaseStore):
-    """Mixin: the Backend protocol's ``effect_*`` operations."""
+class EffectOps:
+    """The Backend protocol's ``effect_*`` operations over a dialect."""
+
+    def __init__(self, d: Dialect) -> None:
+        self.d = d
 
     def effect_claim(self, scope: str, key: str, policy: str, owner: str, lease: float,
                      lock_timeout: float, conn: Any = None) -> tuple[str, int | None]:
@@ -34,8 +36,8 @@ class EffectStore(LeaseStore):
         params = {"scope": scope, "key": key, "policy": policy, "owner": owner, "lease": lease}
 
         def run(c: Any) -> tuple[str, int | None]:
-            self._b_many(c, "effect_ensure", [params])
-            state, stored, token, expired = self._b_rows(c, "effect_lock", params)[0]
+            self.d.many(c, "effect_ensure", [params])
+            state, stored, token, expired = self.d.rows(c, "effect_lock", params)[0]
             if stored != policy:
                 raise InvalidOption(
                     f"effect {scope}:{key} is {stored}, not {policy}: one effect has one policy "
@@ -47,59 +49,49 @@ class EffectStore(LeaseStore):
             found = "in_doubt" if state == "running" else ("new" if token == 0 else "pending")
             if found == "in_doubt" and policy == AT_MOST_ONCE:
                 return found, None
-            return found, int(self._b_rows(c, "effect_take", params)[0][0])
+            return found, int(self.d.rows(c, "effect_take", params)[0][0])
 
-        return self._b_locked_tx(conn, lock_timeout, run)
+        return self.d.locked_tx(conn, lock_timeout, run)
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:
         params = {"scope": scope, "key": key, "token": token, "result": result_json}
-        return bool(self._b_tx(conn, lambda c: self._b_rows(c, "effect_done", params)))
+        return bool(self.d.tx(conn, lambda c: self.d.rows(c, "effect_done", params)))
 
     def effect_release(self, scope: str, key: str, token: int, error: str,
                        conn: Any = None) -> bool:
         params = {"scope": scope, "key": key, "token": token, "error": error}
-        return bool(self._b_tx(conn, lambda c: self._b_rows(c, "effect_release", params)))
+        return bool(self.d.tx(conn, lambda c: self.d.rows(c, "effect_release", params)))
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
                        force: bool) -> bool:
         params = {"scope": scope, "key": key, "state": state, "note": note, "force": force}
-        return bool(self._b_tx(None, lambda c: self._b_rows(c, "effect_resolve", params)))
+        return bool(self.d.tx(None, lambda c: self.d.rows(c, "effect_resolve", params)))
 
     def effect_get(self, scope: str, key: str) -> EffectInfo | None:
-        rows = self._b_read("effect_get", {"scope": scope, "key": key})
+        rows = self.d.read("effect_get", {"scope": scope, "key": key})
         return self._effect(rows[0]) if rows else None
 
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]:
-        return [self._effect(r) for r in self._b_read("effects_in_doubt", {"scope": scope, "limit": limit})]
+        return [self._effect(r) for r in self.d.read("effects_in_doubt", {"scope": scope, "limit": limit})]
 
     def effects_list(self, scope: str, state: str | None, limit: int) -> list[EffectInfo]:
         params = {"scope": scope, "state": state, "limit": limit}
-        return [self._effect(r) for r in self._b_read("effects_list", params)]
+        return [self._effect(r) for r in self.d.read("effects_list", params)]
 
     def effects_count(self, scope: str) -> dict[str, int]:
         out: dict[str, int] = {}
-        for state, in_doubt, count in self._b_read("effects_count", {"scope": scope}):
+        for state, in_doubt, count in self.d.read("effects_count", {"scope": scope}):
             name = "in_doubt" if in_doubt else state
             out[name] = out.get(name, 0) + int(count)
         return out
 
     def _effect(self, r: Any) -> EffectInfo:
-        result = self._b_json(r[9])
+        result = self.d.json(r[9])
         return EffectInfo(
             scope=r[0], key=r[1], state="in_doubt" if r[13] else r[2], policy=r[3],
             token=int(r[4]), owner=r[5], attempts=int(r[6]),
-            lease_expires_at=self._b_time(r[7]), last_error=r[8], result=result,
-            created_at=self._b_time(r[10]), updated_at=self._b_time(r[11]),  # type: ignore[arg-type]
-            done_at=self._b_time(r[12]),
+            lease_expires_at=self.d.time(r[7]), last_error=r[8], result=result,
+            created_at=self.d.time(r[10]), updated_at=self.d.time(r[11]),  # type: ignore[arg-type]
+            done_at=self.d.time(r[12]),
         )
-
-    # -- primitives each backend supplies -------------------------------------------------
-    def _b_json(self, value: Any) -> Any:
-        """A JSON column as Python (SQLite stores text; psycopg decodes jsonb itself)."""
-        return json.loads(value) if isinstance(value, str) else value
-
-    def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
-        """Lock the caller's row ``table.column = value`` in its open transaction on
-        ``conn`` (waiting at most ``timeout``); False when there is no such row."""
-        raise NotImplementedError

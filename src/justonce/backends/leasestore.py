@@ -1,5 +1,5 @@
-"""The partition-lease operations of every backend: one algorithm over each backend's SQL
-(the ``lease_*`` statements of its ``queries.sql``), like batchstore.py.
+"""The partition-lease operations, written once over every dialect (the ``lease_*``
+statements of its ``queries.sql``), like batchstore.py.
 
 An acquire runs in one transaction: it takes the set's row (so acquires of one set take
 turns, and a change of ``n`` is checked and made atomically), makes sure the slot rows
@@ -15,36 +15,39 @@ from typing import Any
 
 from ..errors import PartitionConflict
 from ..models import SlotInfo
-from .batchstore import BatchStore
+from .dialect import Dialect
 
 
-class LeaseStore(BatchStore):
-    """Mixin: the Backend protocol's ``lease_*`` operations."""
+class LeaseOps:
+    """The Backend protocol's ``lease_*`` operations over a dialect."""
+
+    def __init__(self, d: Dialect) -> None:
+        self.d = d
 
     def lease_acquire(self, set_name: str, n: int, owner: str,
                       lease: float) -> tuple[int, int, datetime] | None:
         params = {"set": set_name, "n": n, "owner": owner, "lease": lease}
 
         def run(c: Any) -> tuple[int, int, datetime] | None:
-            current = self._b_rows(c, "lease_set_lock", params)[0][0]
+            current = self.d.rows(c, "lease_set_lock", params)[0][0]
             if current != n:
-                held = self._b_rows(c, "lease_set_held", params)[0][0]
+                held = self.d.rows(c, "lease_set_held", params)[0][0]
                 if held:
                     raise PartitionConflict(
                         f"partition set {set_name!r} has {current} slots and {held} of them are "
                         f"held: n can become {n} only when no slot is held (stop its holders, "
                         "or wait for their leases to expire)"
                     )
-                self._b_rows(c, "lease_set_fence_all", params)
-                self._b_rows(c, "lease_set_resize", params)
-            self._b_rows(c, "lease_slots_ensure", params)
-            rows = self._b_rows(c, "lease_take", params)
+                self.d.rows(c, "lease_set_fence_all", params)
+                self.d.rows(c, "lease_set_resize", params)
+            self.d.rows(c, "lease_slots_ensure", params)
+            rows = self.d.rows(c, "lease_take", params)
             if not rows:
                 return None
             slot, token, expires = rows[0]
-            return int(slot), int(token), self._b_time(expires)  # type: ignore[return-value]
+            return int(slot), int(token), self.d.time(expires)  # type: ignore[return-value]
 
-        return self._b_tx(None, run)
+        return self.d.tx(None, run)
 
     # Renew and release wait at most LOCK_WAIT for the slot's row: a holder that renews or
     # releases while its own fenced transaction (on another connection) holds that row must
@@ -53,24 +56,19 @@ class LeaseStore(BatchStore):
 
     def lease_renew(self, set_name: str, slot: int, token: int, lease: float) -> datetime | None:
         params = {"set": set_name, "slot": slot, "token": token, "lease": lease}
-        rows = self._b_locked_tx(None, self.LOCK_WAIT, lambda c: self._b_rows(c, "lease_renew", params))
-        return self._b_time(rows[0][0]) if rows else None
+        rows = self.d.locked_tx(None, self.LOCK_WAIT, lambda c: self.d.rows(c, "lease_renew", params))
+        return self.d.time(rows[0][0]) if rows else None
 
     def lease_release(self, set_name: str, slot: int, token: int) -> bool:
         params = {"set": set_name, "slot": slot, "token": token}
-        return bool(self._b_locked_tx(None, self.LOCK_WAIT,
-                                      lambda c: self._b_rows(c, "lease_release", params)))
+        return bool(self.d.locked_tx(None, self.LOCK_WAIT,
+                                      lambda c: self.d.rows(c, "lease_release", params)))
 
     def lease_fence(self, conn: Any, set_name: str, slot: int, token: int) -> bool:
-        c = self._b_fence_connection(conn)
-        return bool(self._b_rows(c, "lease_fence", {"set": set_name, "slot": slot, "token": token}))
+        c = self.d.fence_connection(conn)
+        return bool(self.d.rows(c, "lease_fence", {"set": set_name, "slot": slot, "token": token}))
 
     def lease_list(self, set_name: str | None) -> list[SlotInfo]:
-        rows: Sequence[Any] = self._b_read("lease_list", {"set": set_name})
-        return [SlotInfo(r[0], int(r[1]), int(r[2]), r[3], int(r[4]), self._b_time(r[5]), bool(r[6]))
+        rows: Sequence[Any] = self.d.read("lease_list", {"set": set_name})
+        return [SlotInfo(r[0], int(r[1]), int(r[2]), r[3], int(r[4]), self.d.time(r[5]), bool(r[6]))
                 for r in rows]
-
-    def _b_fence_connection(self, conn: Any) -> Any:
-        """The caller's connection, checked to be inside a transaction (a fence outside
-        one would hold nothing)."""
-        raise NotImplementedError

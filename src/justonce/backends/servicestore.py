@@ -10,93 +10,93 @@ waits for at most one chunk.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from ..errors import InvalidOption
 from ..models import AuditEntry, JobFilter, TokenInfo
-from .effectstore import EffectStore
+from .batchstore import BatchOps
+from .dialect import Dialect
 
 ACTIONS = ("cancel", "retry")
 
 
-class ServiceStore(EffectStore):
-    """Mixin: the Backend protocol's token, audit and matching-action operations."""
+class ServiceOps:
+    """The Backend protocol's token, audit and matching-action operations over a dialect
+    (cancelling a job fails its batch item: through ``batches``)."""
+
+    def __init__(self, d: Dialect, batches: BatchOps) -> None:
+        self.d = d
+        self.batches = batches
 
     # -- actions on all matching jobs -----------------------------------------------------
-    def _filter_params(self, where: JobFilter) -> dict[str, Any]:
+    def filter_params(self, where: JobFilter) -> dict[str, Any]:
         return {
             "state": where.state, "queue": where.queue, "task": where.task,
-            "created_after": self._b_at(where.created_after),
-            "created_before": self._b_at(where.created_before),
-            "max_id": where.max_id, "channel": getattr(self, "channel", None),
+            "created_after": self.d.at(where.created_after),
+            "created_before": self.d.at(where.created_before),
+            "max_id": where.max_id, "channel": self.d.channel,
         }
 
     def jobs_count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
         if action not in ACTIONS:
             raise InvalidOption(f"action must be one of {ACTIONS}, not {action!r}")
-        count, max_id = self._b_read(f"jobs_count_{action}", self._filter_params(where))[0]
+        count, max_id = self.d.read(f"jobs_count_{action}", self.filter_params(where))[0]
         return int(count), (int(max_id) if max_id is not None else None)
 
     def jobs_cancel_matching(self, where: JobFilter, limit: int) -> int:
-        params = {**self._filter_params(where), "limit": limit}
+        params = {**self.filter_params(where), "limit": limit}
 
         def run(c: Any) -> int:
-            rows = self._b_rows(c, "jobs_cancel_matching", params)
-            self._resolve_job_items(c, [r[1] for r in rows], "cancelled")
+            rows = self.d.rows(c, "jobs_cancel_matching", params)
+            self.batches.resolve_job_items(c, [r[1] for r in rows], "cancelled")
             return len(rows)
 
-        return self._b_tx(None, run)
+        return self.d.tx(None, run)
 
     def jobs_retry_matching(self, where: JobFilter, limit: int) -> int:
-        params = {**self._filter_params(where), "limit": limit}
-        return self._b_tx(None, lambda c: len(self._b_rows(c, "jobs_retry_matching", params)))
+        params = {**self.filter_params(where), "limit": limit}
+        return self.d.tx(None, lambda c: len(self.d.rows(c, "jobs_retry_matching", params)))
 
     # -- tokens -------------------------------------------------------------------------
     def _token(self, r: Any) -> TokenInfo:
         return TokenInfo(
             id=int(r[0]), name=r[1], scope=r[2], prefix=r[3],
-            created_at=self._b_time(r[4]),  # type: ignore[arg-type]
-            last_used_at=self._b_time(r[5]), revoked_at=self._b_time(r[6]),
+            created_at=self.d.time(r[4]),  # type: ignore[arg-type]
+            last_used_at=self.d.time(r[5]), revoked_at=self.d.time(r[6]),
         )
 
     def token_create(self, name: str, scope: str, secret_hash: str, prefix: str) -> TokenInfo:
         params = {"name": name, "scope": scope, "secret_hash": secret_hash, "prefix": prefix}
-        return self._token(self._b_tx(None, lambda c: self._b_rows(c, "token_create", params))[0])
+        return self._token(self.d.tx(None, lambda c: self.d.rows(c, "token_create", params))[0])
 
     def token_find_by_hash(self, secret_hash: str) -> tuple[TokenInfo, str] | None:
-        rows = self._b_read("token_find_by_hash", {"secret_hash": secret_hash})
+        rows = self.d.read("token_find_by_hash", {"secret_hash": secret_hash})
         return (self._token(rows[0]), rows[0][7]) if rows else None
 
     def token_get(self, token_id: int) -> TokenInfo | None:
-        rows = self._b_read("token_get", {"id": token_id})
+        rows = self.d.read("token_get", {"id": token_id})
         return self._token(rows[0]) if rows else None
 
     def token_list(self) -> list[TokenInfo]:
-        return [self._token(r) for r in self._b_read("token_list", {})]
+        return [self._token(r) for r in self.d.read("token_list", {})]
 
     def token_revoke(self, token_id: int) -> bool:
-        return bool(self._b_tx(None, lambda c: self._b_rows(c, "token_revoke", {"id": token_id})))
+        return bool(self.d.tx(None, lambda c: self.d.rows(c, "token_revoke", {"id": token_id})))
 
     def token_touch(self, token_id: int) -> None:
-        self._b_tx(None, lambda c: self._b_rows(c, "token_touch", {"id": token_id}))
+        self.d.tx(None, lambda c: self.d.rows(c, "token_touch", {"id": token_id}))
 
     # -- audit --------------------------------------------------------------------------
     def audit_record(self, token_id: int | None, actor: str, action: str, target: str | None,
                      count: int | None, detail: dict[str, Any], conn: Any = None) -> int:
         params = {"token_id": token_id, "actor": actor, "action": action, "target": target,
                   "count": count, "detail": json.dumps(detail, separators=(",", ":"), default=str)}
-        return int(self._b_tx(conn, lambda c: self._b_rows(c, "audit_record", params))[0][0])
+        return int(self.d.tx(conn, lambda c: self.d.rows(c, "audit_record", params))[0][0])
 
     def audit_list(self, cursor: int | None, limit: int) -> list[AuditEntry]:
-        rows = self._b_read("audit_list", {"cursor": cursor, "limit": limit})
+        rows = self.d.read("audit_list", {"cursor": cursor, "limit": limit})
         return [AuditEntry(
-            id=int(r[0]), at=self._b_time(r[1]), token_id=r[2], actor=r[3],  # type: ignore[arg-type]
+            id=int(r[0]), at=self.d.time(r[1]), token_id=r[2], actor=r[3],  # type: ignore[arg-type]
             action=r[4], target=r[5], count=None if r[6] is None else int(r[6]),
-            detail=self._b_json(r[7]) or {},
+            detail=self.d.json(r[7]) or {},
         ) for r in rows]
-
-    # -- primitives each backend supplies -------------------------------------------------
-    def _b_at(self, value: datetime | None) -> Any:
-        """A time as the backend's SQL takes it as a parameter."""
-        raise NotImplementedError

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
-import secrets
 import signal
-import socket
 import threading
 import time
 from collections import deque
@@ -33,6 +30,7 @@ from .. import validate
 from ..errors import InvalidOption, JustonceError, PartitionConflict
 from ..events import Event, emit, wanted
 from ..models import ClaimedJob, Completion, Failure
+from ..owner import default_owner
 from ..partitions import parse_set_spec, slots
 from .executor import Executor
 from .maintenance import Maintenance
@@ -81,10 +79,6 @@ class WorkerStats:
     lost: int = 0
     claimed: int = 0
     extra: dict[str, int] = field(default_factory=dict)
-
-
-def default_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class Worker:

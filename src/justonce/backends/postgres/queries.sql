@@ -31,6 +31,7 @@ SELECT id, state, run_at, created_at,
   FROM ins
 
 -- name: job_insert_many
+-- dialect-only: PostgreSQL's one-statement bulk insert (Dialect.insert_rows)
 -- The rows arrive as ONE JSON array of arrays (built by the backend from validated values;
 -- args and kwargs are embedded as JSON): Postgres parses it in C, which is several times
 -- cheaper than sending eleven typed arrays.
@@ -61,6 +62,7 @@ WITH d AS (
 SELECT ins.id, ins.key, (SELECT n FROM woke) FROM ins
 
 -- name: job_insert_batch
+-- dialect-only: PostgreSQL's bulk insert of calls (Dialect.insert_calls)
 -- The common bulk case: one task, one set of options, no keys. Only the arguments vary,
 -- so only they travel per row, as two JSON arrays. Jobs enqueued into a batch get the
 -- items %(item_prefix)s || 0, 1, 2…
@@ -156,6 +158,12 @@ RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max
               FOR UPDATE SKIP LOCKED))
 {{claim_returning}}
 
+-- name: job_any_ready
+-- (Dialect.claim_precheck: not used on PostgreSQL, whose empty claim costs one statement.)
+SELECT 1 FROM justonce_jobs
+ WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
+ LIMIT 1
+
 -- name: job_complete_many
 -- The completion of a partitioned job may make the next job of its key claimable: wake the
 -- partitioned workers (Postgres sends one notification per queue per transaction).
@@ -168,6 +176,7 @@ UPDATE justonce_jobs j
 RETURNING j.id, CASE WHEN j.partition_hash IS NOT NULL THEN pg_notify(%(channel)s, j.queue) END
 
 -- name: job_complete_and_claim
+-- dialect-only: PostgresBackend's fused fast path
 -- Both updates run in one statement and one commit; they touch disjoint rows (running
 -- ones are completed, ready ones are claimed). Completed rows come back with kind 'done'.
 WITH done AS (
@@ -253,9 +262,9 @@ WITH due AS (
      FOR UPDATE SKIP LOCKED
 ), up AS (
     UPDATE justonce_jobs j SET state = 'ready' FROM due WHERE j.id = due.id
-    RETURNING j.queue
+    RETURNING j.id, j.queue
 )
-SELECT count(*), (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT queue AS q FROM up) r)
+SELECT up.id, (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT queue AS q FROM up) r)
   FROM up
 
 -- name: jobs_any_expired
@@ -283,10 +292,10 @@ WITH expired AS (
       FROM expired WHERE j.id = expired.id
     RETURNING j.state, j.queue, j.batch_item
 )
-SELECT count(*) FILTER (WHERE state = 'ready'), count(*) FILTER (WHERE state = 'dead'),
+-- One row per job: (state, batch_item); the workers of queues with rescued ready jobs are woken.
+SELECT up.state, up.batch_item,
        (SELECT count(pg_notify(%(channel)s, q))
-          FROM (SELECT DISTINCT queue AS q FROM up WHERE state = 'ready') r),
-       array_agg(batch_item) FILTER (WHERE state = 'dead' AND batch_item IS NOT NULL)
+          FROM (SELECT DISTINCT queue AS q FROM up WHERE state = 'ready') r)
   FROM up
 
 -- name: jobs_prune
@@ -427,16 +436,19 @@ SELECT now()
 -- the current transaction only (is_local = true), so it never outlives our transaction on
 -- a server connection that PgBouncer hands to another client next.
 -- name: idle_timeout_local
+-- dialect-only: a session setting of PostgreSQL's
 -- For this transaction only: the server ends the session if the client leaves it idle
 -- (frozen, say) for longer than this, releasing its row locks.
 SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 
 -- name: search_path_local
+-- dialect-only: PgBouncer mode's per-transaction schema
 SELECT set_config('search_path', %(schema)s, true)
 
 -- The transaction that search_path_local is set in, when it spans several statements. The
 -- level is named here as psycopg names it in its own BEGIN (see _read_committed).
 -- name: tx_begin
+-- dialect-only: PgBouncer mode's BEGIN
 BEGIN ISOLATION LEVEL READ COMMITTED
 
 -- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
@@ -471,6 +483,7 @@ UPDATE justonce_batches SET state = 'sealed', sealed_at = now(), updated_at = no
 RETURNING id
 
 -- name: batch_flip
+-- dialect-only: bits are set by SQL on a bit string (the others set them in Python)
 -- Set the bits of the asked items in one statement. %(chunks)s: [[batch id, group id, chunk,
 -- [positions]], ...], one entry per chunk. Lock the chunks in key order (two bulk acks
 -- cannot deadlock), OR one mask per chunk into its bits, and report per chunk: size, batch
@@ -610,6 +623,7 @@ RETURNING n
 
 -- name: lease_set_fence_all
 -- (PostgreSQL fences in lease_set_resize; this twin of SQLite's statement does nothing.)
+-- unused: set
 SELECT 1
 
 -- name: lease_set_held
@@ -898,10 +912,12 @@ SELECT up.id, (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT que
   FROM up
 
 -- name: jobs_size_estimate
+-- dialect-only: planner statistics (Dialect.count_jobs)
 -- The planner's row count (-1 before the first ANALYZE; then the size on disk says it).
 SELECT reltuples::bigint, pg_relation_size(oid) FROM pg_class WHERE oid = 'justonce_jobs'::regclass
 
 -- name: queue_counts_sampled
+-- dialect-only: TABLESAMPLE (Dialect.count_jobs)
 -- Above the threshold: a block sample instead of a full count (scaled in Python).
 SELECT queue, state, count(*) FROM justonce_jobs TABLESAMPLE SYSTEM (%(percent)s)
  GROUP BY queue, state

@@ -24,35 +24,13 @@ from ...errors import (
     ConfigurationError,
     DatabaseUnavailable,
     InvalidOption,
-    KeyConflict,
     LockTimeout,
     SchemaError,
 )
-from ...models import (
-    ClaimedJob,
-    Completion,
-    Failure,
-    HousekeepingReport,
-    Job,
-    JobFilter,
-    MetricsSnapshot,
-    NewJob,
-    QueueCount,
-    QueueStats,
-)
-from ...partitions import register_sqlite_functions
-from ...types import BatchState, JobState
-from ..base import (
-    Partitioning,
-    decode_arguments,
-    job_from_insert,
-    job_from_row,
-    load_queries,
-    migration_files,
-)
-from ..batchstore import Flip, Key
-from ..dashstore import DashboardStore
-from ..servicestore import ServiceStore
+from ..base import load_queries, migration_files
+from ..dialect import Dialect
+from ..store import Store
+from .functions import register_functions
 
 HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -109,11 +87,21 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in msg or "busy" in msg
 
 
-class SQLiteBackend(DashboardStore, ServiceStore):
+def _params(params: dict[str, Any]) -> dict[str, Any]:
+    """List parameters as one JSON document each (SQLite has no arrays)."""
+    return {k: json.dumps(v, separators=(",", ":")) if isinstance(v, list | tuple) else v
+            for k, v in params.items()}
+
+
+class SQLiteDialect(Dialect):
+    """The standard sqlite3 module; one connection per thread; WAL; BEGIN IMMEDIATE."""
+
     name = "sqlite"
+    claim_precheck = True
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.queries = Q
         path, options = parse_sqlite_url(url)
         self.path = path
         sync = options.pop("synchronous", "FULL").upper()
@@ -145,7 +133,7 @@ class SQLiteBackend(DashboardStore, ServiceStore):
                     self.path, timeout=SQLITE_BUSY_MS / 1000, isolation_level=None,
                     check_same_thread=False,
                 )
-                register_sqlite_functions(conn)
+                register_functions(conn)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self.synchronous}")
                 conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
@@ -258,38 +246,11 @@ class SQLiteBackend(DashboardStore, ServiceStore):
         self._schema_ok = True
         return applied
 
-    # -- producer side ------------------------------------------------------------------
-    @staticmethod
-    def _job_params(job: NewJob) -> dict[str, Any]:
-        return {
-            "queue": job.queue, "task": job.task, "args": job.args_json,
-            "kwargs": job.kwargs_json, "priority": job.priority, "delay": job.delay,
-            "run_at": _epoch(job.run_at), "max_attempts": job.max_attempts,
-            "timeout": job.timeout, "key": job.key, "partition_key": job.partition_key,
-            "batch_item": job.batch_item, "partition_hash": job.partition_hash,
-        }
-
-    def _insert_one(self, conn: Any, job: NewJob) -> Job:
-        params = self._job_params(job)
-        for _ in range(5):
-            cur = conn.cursor()
-            cur.execute(Q["job_insert"], params)
-            row = cur.fetchone()
-            if row is not None:
-                return job_from_insert(job, row[0], row[1], _epoch_dt(row[2]), _epoch_dt(row[3]))
-            cur.execute(Q["job_live_by_key"], {"key": job.key})
-            row = cur.fetchone()
-            if row is not None:
-                return job_from_row(_decode(_row_dict(cur, row)), duplicate=True)
-            # The holder finished between our insert and our look-up: insert again.
-        raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
-
-    def _on(self, conn: Any, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` on the caller's connection, inside the caller's transaction, or in a
-        write transaction of our own."""
+    # -- the dialect's primitives (dialect.py) ------------------------------------------
+    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
         if conn is not None:
             return fn(self._caller_connection(conn))
-        return self._write(fn)
+        return self._write(fn)  # every write takes the file's write lock up front
 
     def _caller_connection(self, conn: Any) -> sqlite3.Connection:
         if not isinstance(conn, sqlite3.Connection):
@@ -299,207 +260,7 @@ class SQLiteBackend(DashboardStore, ServiceStore):
         self._ensure_schema()
         return conn
 
-    def job_insert(self, job: NewJob, conn: Any = None) -> Job:
-        return self._on(conn, lambda c: self._insert_one(c, job))
-
-    def _insert_many(self, conn: Any, jobs: Sequence[NewJob]) -> list[int]:
-        first = jobs[0]
-        if all(first.same_options(j) for j in jobs):
-            args_doc = "[" + ",".join(j.args_json for j in jobs) + "]"
-            kwargs_doc = "[" + ",".join(j.kwargs_json for j in jobs) + "]"
-            return self._insert_batch(conn, first, args_doc, kwargs_doc)
-        ids = []
-        cur = conn.cursor()
-        for job in jobs:
-            cur.execute(Q["job_insert_id"], self._job_params(job))
-            row = cur.fetchone()
-            if row is None:
-                ids.append(self._insert_one(conn, job).id)
-            else:
-                ids.append(row[0])
-        return ids
-
-    def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
-        if not jobs:
-            return []
-        return self._on(conn, lambda c: self._insert_many(c, jobs))
-
-    def _insert_batch(self, conn: Any, j: NewJob, args_doc: str, kwargs_doc: str,
-                      item_prefix: str | None = None) -> list[int]:
-        params = self._job_params(j)
-        params["item_prefix"] = item_prefix
-        pairs = zip(json.loads(args_doc), json.loads(kwargs_doc), strict=True)
-        params["rows"] = json.dumps([[a, k] for a, k in pairs], separators=(",", ":"))
-        del params["key"], params["args"], params["kwargs"]
-        return sorted(r[0] for r in conn.execute(Q["job_insert_batch"], params).fetchall())
-
-    def job_insert_batch(
-        self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
-    ) -> list[int]:
-        return self._on(conn, lambda c: self._insert_batch(c, template, args_doc, kwargs_doc))
-
-    def job_get(self, job_id: int) -> Job | None:
-        rows = self._read(Q["job_get"], {"id": job_id})
-        return job_from_row(_decode(dict(rows[0]))) if rows else None
-
-    def _one_job(self, name: str, job_id: int) -> Job | None:
-        def run(conn: sqlite3.Connection) -> Job | None:
-            row = conn.execute(Q[name], {"id": job_id}).fetchone()
-            return job_from_row(_decode(dict(row))) if row else None
-
-        return self._write(run)
-
-    def job_cancel(self, job_id: int) -> Job | None:
-        def run(conn: sqlite3.Connection) -> Job | None:
-            row = conn.execute(Q["job_cancel"], {"id": job_id}).fetchone()
-            if row is None:
-                return None
-            job = job_from_row(_decode(dict(row)))
-            self._resolve_job_items(conn, [job.batch_item], "cancelled")
-            return job
-
-        return self._write(run)
-
-    def job_retry(self, job_id: int) -> Job | None:
-        try:
-            return self._one_job("job_retry", job_id)
-        except sqlite3.IntegrityError as exc:
-            raise KeyConflict(
-                f"job {job_id} cannot be retried: another live job holds its key"
-            ) from exc
-
-    def queue_counts(self) -> list[QueueCount]:
-        return [QueueCount(r[0], JobState(r[1]), r[2]) for r in self._read(Q["queue_counts"])]
-
-    def metrics_snapshot(self) -> MetricsSnapshot:
-        rows = self._read(Q["metrics_snapshot"])
-        return MetricsSnapshot(
-            oldest_ready={r[0]: max(0.0, float(r[1])) for r in rows if r[0] is not None},
-            batches_open=int(next((r[1] for r in rows if r[0] is None), 0)))
-
-    def job_page(self, where: JobFilter, cursor: int | None, limit: int) -> list[Job]:
-        params = {**self._filter_params(where), "cursor": cursor, "limit": limit}
-        return [job_from_row(_decode(dict(r))) for r in self._read(Q["job_page"], params)]
-
-    def queue_stats(self, exact_below: int) -> list[QueueStats]:
-        # Always exact: the embedded database has no cheap estimate, and its tables stay
-        # small enough (one machine) that a grouped count is a few hundred ms at worst.
-        counts: dict[str, dict[str, int]] = {}
-        for queue, state, n in self._read(Q["queue_counts"]):
-            counts.setdefault(queue, {})[state] = n
-        heads: dict[str, float | None] = {
-            r[0]: r[1] for r in self._read(Q["queue_heads"], {"queues": json.dumps(sorted(counts))})}
-        return [QueueStats(q, c, None if (h := heads.get(q)) is None else max(0.0, h))
-                for q, c in sorted(counts.items())]
-
-    # -- worker side ----------------------------------------------------------------------
-    @staticmethod
-    def _claim_query(queue: str, limit: int, owner: str, lease: float,
-                     partitions: Partitioning | None) -> tuple[str, dict[str, Any]]:
-        params: dict[str, Any] = {"queue": queue, "limit": limit, "owner": owner, "lease": lease}
-        if partitions is None:
-            return Q["job_claim"], params
-        params.update(set=partitions.set_name, n=partitions.n,
-                      slots=json.dumps([list(pair) for pair in partitions.slots]))
-        return Q["job_claim_partitioned"], params
-
-    def job_claim(self, queue: str, limit: int, owner: str, lease: float,
-                  partitions: Partitioning | None = None) -> list[ClaimedJob]:
-        if partitions is not None and not partitions.slots:
-            return []
-        sql, params = self._claim_query(queue, limit, owner, lease, partitions)
-        # A read first: an empty claim would otherwise take the one write lock for nothing,
-        # and idle workers wake on every commit (see SQLiteWaiter).
-        if partitions is None and not self._read(Q["job_any_ready"], {"queue": queue}):
-            return []
-        rows = self._write(lambda c: c.execute(sql, params).fetchall())
-        return _claimed(rows)
-
-    def _complete(self, conn: sqlite3.Connection, done: Sequence[Completion]) -> set[int]:
-        """Complete the jobs, and ack the batch items of those accepted (same transaction)."""
-        rows = json.dumps([[c.id, c.lease_token, c.result_json, c.note] for c in done])
-        accepted = {r[0] for r in conn.execute(Q["job_complete_many"], {"rows": rows})}
-        self._resolve_job_items(conn, [c.batch_item for c in done if c.id in accepted], None)
-        return accepted
-
-    def job_complete_many(self, done: Sequence[Completion]) -> set[int]:
-        if not done:
-            return set()
-        return self._write(lambda c: self._complete(c, done))
-
-    def job_complete_and_claim(
-        self, done: Sequence[Completion], queue: str, limit: int, owner: str, lease: float,
-        partitions: Partitioning | None = None,
-    ) -> tuple[set[int], list[ClaimedJob]]:
-        if not done:
-            return set(), self.job_claim(queue, limit, owner, lease, partitions)
-        if partitions is not None and not partitions.slots:
-            return self.job_complete_many(done), []
-        sql, params = self._claim_query(queue, limit, owner, lease, partitions)
-
-        def run(conn: sqlite3.Connection) -> tuple[set[int], list[sqlite3.Row]]:
-            return self._complete(conn, done), conn.execute(sql, params).fetchall()
-
-        accepted, rows = self._write(run)
-        return accepted, _claimed(rows)
-
-    def job_fail(self, failure: Failure, kind: str = "error") -> JobState | None:
-        params = {
-            "id": failure.id, "token": failure.lease_token, "error": failure.error,
-            "retry_in": failure.retry_in, "kind": kind,
-        }
-
-        def run(conn: sqlite3.Connection) -> JobState | None:
-            row = conn.execute(Q["job_fail"], params).fetchone()
-            if row is None:
-                return None
-            if row[0] == JobState.DEAD:
-                self._resolve_job_items(conn, [failure.batch_item], failure.error)
-            return JobState(row[0])
-
-        return self._write(run)
-
-    def _fenced_many(self, name: str, held: Sequence[tuple[int, int]], **extra: Any) -> set[int]:
-        if not held:
-            return set()
-        params = {"pairs": json.dumps(held), **extra}
-        return self._write(lambda c: {r[0] for r in c.execute(Q[name], params)})
-
-    def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
-        return self._fenced_many("job_heartbeat", held, lease=lease)
-
-    def job_release(self, held: Sequence[tuple[int, int]], refund: bool) -> set[int]:
-        return self._fenced_many("job_release", held, refund=int(refund))
-
-    # -- housekeeping -------------------------------------------------------------------
-    def maintenance_try(self, name: str, interval: float, owner: str) -> bool:
-        params = {"name": name, "interval": interval, "owner": owner}
-        return self._write(lambda c: c.execute(Q["maintenance_try"], params).fetchone()) is not None
-
-    def jobs_promote(self, limit: int = 5000) -> int:
-        return self._write(lambda c: c.execute(Q["jobs_promote"], {"limit": limit}).rowcount)
-
-    def jobs_rescue(self, limit: int = 5000) -> HousekeepingReport:
-        if not self._read(Q["jobs_any_expired"]):
-            return HousekeepingReport()
-
-        def run(conn: sqlite3.Connection) -> list[sqlite3.Row]:
-            rows = conn.execute(Q["jobs_rescue"], {"limit": limit}).fetchall()
-            self._resolve_job_items(conn, [r[1] for r in rows if r[0] == "dead"],
-                                    "lease expired on the last attempt")
-            return rows
-
-        rows = self._write(run)
-        dead = sum(1 for r in rows if r[0] == "dead")
-        return HousekeepingReport(rescued=len(rows) - dead, dead=dead)
-
-    def jobs_prune(self, keep_succeeded: float, keep_dead: float, limit: int = 10000) -> int:
-        params = {"keep_succeeded": keep_succeeded, "keep_dead": keep_dead, "limit": limit}
-        return self._write(lambda c: c.execute(Q["jobs_prune"], params).rowcount)
-
-    # -- the primitives of the shared batch algorithm (BatchStore) -----------------------
-    def _b_tx(self, conn: Any, fn: Callable[[sqlite3.Connection], T],
-              timeout: float | None = None) -> T:
+    def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
         if conn is None:
             return self._write(fn, timeout=timeout)
         c = self._caller_connection(conn)
@@ -531,47 +292,47 @@ class SQLiteBackend(DashboardStore, ServiceStore):
             c.execute("COMMIT")
         return result
 
-    def _b_rows(self, c: sqlite3.Connection, name: str, params: dict[str, Any]) -> list[Any]:
-        return c.execute(Q[name], params).fetchall()
+    def rows(self, c: sqlite3.Connection, name: str, params: dict[str, Any]) -> list[Any]:
+        return c.execute(Q[name], _params(params)).fetchall()
 
-    def _b_many(self, c: sqlite3.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
+    def dicts(self, c: sqlite3.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [_decode(dict(r)) for r in c.execute(Q[name], _params(params)).fetchall()]
+
+    def many(self, c: sqlite3.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
         if seq:
-            c.executemany(Q[name], seq)
+            c.executemany(Q[name], [_params(p) for p in seq])
 
-    def _b_flip(self, c: sqlite3.Connection, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
-        # SQLite has no bit operations on blobs: read the chunks (the write transaction
-        # already excludes every other writer), set the bits here, write them back.
-        rows = c.execute(Q["batch_chunks_lock"], {"keys": json.dumps(sorted(positions))}).fetchall()
-        out: dict[Key, Flip] = {}
-        writes = []
-        for batch_id, group_id, chunk, size, pending, blob, state in rows:
-            key = (batch_id, group_id, chunk)
-            if state == BatchState.EXPIRED:
-                out[key] = Flip(size, state, pending, None, frozenset())
-                continue
-            bits, left, was_set = bytearray(blob), pending, set()
-            for pos in positions[key]:
-                if pos >= size:
-                    continue
-                byte, mask = pos >> 3, 1 << (pos & 7)
-                if bits[byte] & mask:
-                    was_set.add(pos)
-                else:
-                    bits[byte] |= mask
-                    left -= 1
-            out[key] = Flip(size, state, pending, left if left != pending else None, frozenset(was_set))
-            if left != pending:
-                writes.append((batch_id, group_id, chunk, bytes(bits), left))
-        c.executemany(Q["batch_chunk_update"], writes)
-        return out
+    def read(self, name: str, params: dict[str, Any]) -> list[Any]:
+        return self._read(Q[name], _params(params))
 
-    def _b_read(self, name: str, params: dict[str, Any]) -> list[Any]:
-        return self._read(Q[name], params)
+    def read_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [_decode(dict(r)) for r in self._read(Q[name], _params(params))]
 
-    def _b_locked_tx(self, conn: Any, lock_timeout: float,
+    def write(self, name: str, params: dict[str, Any]) -> list[Any]:
+        return self._write(lambda c: c.execute(Q[name], _params(params)).fetchall())
+
+    def write_count(self, name: str, params: dict[str, Any]) -> int:
+        return self._write(lambda c: c.execute(Q[name], _params(params)).rowcount)
+
+    def insert_calls(self, c: sqlite3.Connection, params: dict[str, Any], args_doc: str,
+                     kwargs_doc: str) -> list[int]:
+        # One array of [args, kwargs] pairs: joining two json_each tables by position
+        # would compare every row with every row.
+        pairs = zip(json.loads(args_doc), json.loads(kwargs_doc), strict=True)
+        rows = json.dumps([[a, k] for a, k in pairs], separators=(",", ":"))
+        return sorted(r[0] for r in c.execute(Q["job_insert_pairs"],
+                                              _params({**params, "rows": rows})))
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
+
+    def json(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def locked_tx(self, conn: Any, lock_timeout: float,
                      fn: Callable[[sqlite3.Connection], T]) -> T:
         # The write lock is the row lock: wait for it at most lock_timeout.
-        return self._b_tx(conn, fn, timeout=lock_timeout)
+        return self.tx(conn, fn, timeout=lock_timeout)
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         c = self._caller_connection(conn)
@@ -594,28 +355,21 @@ class SQLiteBackend(DashboardStore, ServiceStore):
             self._busy_retry(lambda: c.execute("BEGIN IMMEDIATE"), "SQLite write lock not available",
                              timeout)
 
-    def _b_fence_connection(self, conn: Any) -> sqlite3.Connection:
+    def fence_connection(self, conn: Any) -> sqlite3.Connection:
         c = self._caller_connection(conn)
         if not c.in_transaction:
             raise InvalidOption("fence() needs your open transaction on conn (BEGIN IMMEDIATE "
                                 "first, then fence, then your writes, then COMMIT)")
         return c
 
-    def _b_time(self, value: Any) -> datetime | None:
+    def time(self, value: Any) -> datetime | None:
         return _ts(value)
 
-    def _b_at(self, value: datetime | None) -> Any:
+    def at(self, value: datetime | None) -> Any:
         return _epoch(value)
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return self._immediate()
-
-    def _b_insert_jobs(self, c: sqlite3.Connection, jobs: Sequence[NewJob]) -> list[int]:
-        return self._insert_many(c, jobs)
-
-    def _b_insert_calls(self, c: sqlite3.Connection, template: NewJob, args_doc: str,
-                        kwargs_doc: str, item_prefix: str) -> list[int]:
-        return self._insert_batch(c, template, args_doc, kwargs_doc, item_prefix)
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> SQLiteWaiter:
         return SQLiteWaiter(self)
@@ -650,7 +404,7 @@ class SQLiteWaiter:
 
     CHECK_EVERY = 0.005
 
-    def __init__(self, backend: SQLiteBackend) -> None:
+    def __init__(self, backend: SQLiteDialect) -> None:
         self.backend = backend
         self._conn: sqlite3.Connection | None = None
         self._version: int | None = None
@@ -676,17 +430,6 @@ class SQLiteWaiter:
 
     def close(self) -> None:
         self._stop.set()
-
-
-def _claimed(rows: list[sqlite3.Row]) -> list[ClaimedJob]:
-    rows.sort(key=lambda r: (r["priority"], r["id"]))
-    decoded = decode_arguments([(r["args"], r["kwargs"]) for r in rows])
-    return [
-        ClaimedJob(r["id"], r["queue"], r["task"], a, k, r["attempts"], r["max_attempts"],
-                   r["timeout"], r["lease_token"], r["batch_item"], r["partition_hash"],
-                   r["queue_wait"])
-        for r, (a, k) in zip(rows, decoded, strict=True)
-    ]
 
 
 @contextmanager
@@ -722,3 +465,12 @@ def _split_statements(script: str) -> list[str]:
     if buf.strip():
         statements.append(buf.strip())
     return statements
+
+
+class SQLiteBackend(Store):
+    """The Store on an SQLite file."""
+
+    def __init__(self, url: str) -> None:
+        self.sqlite = SQLiteDialect(url)
+        self.path = self.sqlite.path
+        super().__init__(self.sqlite)

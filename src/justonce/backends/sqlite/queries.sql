@@ -17,6 +17,7 @@ DO NOTHING
 RETURNING id, state, run_at, created_at
 
 -- name: job_insert_id
+-- dialect-only: one row at a time (Dialect.insert_rows' default)
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, key, partition_key, batch_item, partition_hash, created_at)
 VALUES (:queue, :task, :args, :kwargs,
@@ -27,7 +28,8 @@ ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','runni
 DO NOTHING
 RETURNING id
 
--- name: job_insert_batch
+-- name: job_insert_pairs
+-- dialect-only: SQLite's bulk insert of calls (Dialect.insert_calls)
 -- One task, one set of options, no keys: one row per [args, kwargs] pair of :rows (one
 -- array of pairs: joining two json_each tables would compare every row with every row).
 -- Jobs enqueued into a batch get the items :item_prefix || 0, 1, 2…
@@ -41,9 +43,9 @@ SELECT :queue, :task, json_extract(r.value, '$[0]'), json_extract(r.value, '$[1]
  ORDER BY r.key
 RETURNING id
 
--- name: job_live_by_key
+-- name: job_live_by_keys
 SELECT * FROM justonce_jobs
- WHERE key = :key AND state IN ('scheduled','ready','running')
+ WHERE key IN (SELECT value FROM json_each(:keys)) AND state IN ('scheduled','ready','running')
 
 -- name: job_get
 SELECT * FROM justonce_jobs WHERE id = :id
@@ -71,7 +73,7 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
 {{claim_returning}}
 
 -- name: job_claim_partitioned
--- A worker holding :slots (a JSON array of [slot, token]) of set :set (n = :n): see the
+-- A worker holding :slots with :tokens (JSON arrays, aligned) of set :set (n = :n): see the
 -- PostgreSQL twin for the rule. The fence needs no row lock here: this statement runs
 -- under the file's one write lock, so no takeover can commit until it has.
 {{claim_lease}}
@@ -79,9 +81,8 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
                WHERE c.state = 'ready' AND c.queue = :queue AND c.partition_hash IS NOT NULL
                  AND (((c.partition_hash % :n) + :n) % :n) IN (
                        SELECT l.slot FROM justonce_partition_leases l
-                         JOIN json_each(:slots) AS m
-                           ON l.slot = json_extract(m.value, '$[0]')
-                          AND l.token = json_extract(m.value, '$[1]')
+                         JOIN json_each(:slots) AS m ON l.slot = m.value
+                         JOIN json_each(:tokens) AS t ON t.key = m.key AND l.token = t.value
                         WHERE l.set_name = :set AND l.owner IS NOT NULL AND l.expires_at > NOW())
                  AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
                                   WHERE e.partition_key = c.partition_key AND e.partition_hash IS NOT NULL
@@ -92,18 +93,21 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
 {{claim_returning}}
 
 -- name: job_any_ready
+-- The read before a claim where an empty claim costs a write lock (Dialect.claim_precheck).
 SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue AND partition_hash IS NULL
  LIMIT 1
 
 -- name: job_complete_many
--- :rows is a JSON array of [id, token, result JSON text or null, note or null]: one
+-- :ids, :tokens, :results (JSON text or null), :notes (or null): JSON arrays, aligned. One
 -- statement for the whole batch keeps the write lock short.
 UPDATE justonce_jobs
    SET state = 'succeeded', result = d.result, last_error = COALESCE(d.note, last_error),
        finished_at = NOW(), lease_owner = NULL, lease_expires_at = NULL
-  FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
-               json_extract(value, '$[2]') AS result, json_extract(value, '$[3]') AS note
-          FROM json_each(:rows)) AS d
+  FROM (SELECT i.value AS id, t.value AS token, r.value AS result, n.value AS note
+          FROM json_each(:ids) i
+          JOIN json_each(:tokens) t ON t.key = i.key
+          JOIN json_each(:results) r ON r.key = i.key
+          JOIN json_each(:notes) n ON n.key = i.key) AS d
  WHERE justonce_jobs.id = d.id AND justonce_jobs.lease_token = d.token
    AND justonce_jobs.state = 'running'
 RETURNING justonce_jobs.id
@@ -126,12 +130,12 @@ UPDATE justonce_jobs
 RETURNING state
 
 -- name: job_heartbeat
--- :pairs is a JSON array of [id, token].
+-- :ids and :tokens: JSON arrays, aligned.
 UPDATE justonce_jobs
    SET lease_expires_at = NOW() + :lease
  WHERE state = 'running'
-   AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                               FROM json_each(:pairs))
+   AND (id, lease_token) IN (SELECT i.value, t.value FROM json_each(:ids) i
+                               JOIN json_each(:tokens) t ON t.key = i.key)
 RETURNING id
 
 -- name: job_release
@@ -140,8 +144,8 @@ UPDATE justonce_jobs
        attempts = CASE WHEN :refund THEN max(attempts - 1, 0) ELSE attempts END,
        lease_owner = NULL, lease_expires_at = NULL
  WHERE state = 'running'
-   AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                               FROM json_each(:pairs))
+   AND (id, lease_token) IN (SELECT i.value, t.value FROM json_each(:ids) i
+                               JOIN json_each(:tokens) t ON t.key = i.key)
 RETURNING id
 
 -- name: job_cancel
@@ -162,6 +166,7 @@ UPDATE justonce_jobs SET state = 'ready'
  WHERE id IN (SELECT id FROM justonce_jobs
                WHERE state = 'scheduled' AND run_at <= NOW()
                ORDER BY run_at LIMIT :limit)
+RETURNING id
 
 -- name: jobs_any_expired
 -- Housekeeping's first look: almost always nothing expired, and then no write lock is taken.
@@ -228,6 +233,7 @@ UPDATE justonce_batches SET state = 'sealed', sealed_at = NOW(), updated_at = NO
 RETURNING id
 
 -- name: batch_chunks_lock
+-- dialect-only: bits set in Python (Dialect.flip's default)
 -- The write transaction (BEGIN IMMEDIATE) already excludes every other writer.
 -- A join on all three key columns, so each key is one look-up in the unique index.
 SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
@@ -239,10 +245,11 @@ SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits, b.state
  ORDER BY c.batch_id, c.group_id, c.chunk
 
 -- name: batch_chunk_update
--- Positional parameters: (batch_id, group_id, chunk, bits, pending), run once per chunk.
+-- dialect-only: bits set in Python (Dialect.flip's default)
+-- Run once per chunk that changed.
 UPDATE justonce_batch_chunks
-   SET bits = ?4, pending = ?5, updated_at = NOW()
- WHERE batch_id = ?1 AND group_id = ?2 AND chunk = ?3
+   SET bits = :bits, pending = :pending, updated_at = NOW()
+ WHERE batch_id = :batch_id AND group_id = :group_id AND chunk = :chunk
 
 -- name: batch_failure_insert
 INSERT INTO justonce_batch_failures (batch_id, item, reason, failed_at)

@@ -1,0 +1,220 @@
+"""What a database dialect supplies to the one Store (store.py): a small set of primitives.
+
+The Store writes every operation once, in terms of named statements (``<dialect>/queries.sql``)
+run through these primitives. A dialect knows how to open a transaction on its driver,
+how its list parameters travel, how its time and JSON columns come back, how to insert many
+jobs and learn their ids, how to set bits in a batch chunk, which errors mean "unique key
+taken" or "lock wait timed out", and how an idle worker waits. It knows nothing of jobs,
+batches or leases beyond the statement names.
+
+Every dialect's ``queries.sql`` names the same statements with the same parameters and
+result columns (``tests/test_dialects.py`` holds that); a statement only one dialect needs
+is listed in its ``DIALECT_ONLY``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from ..models import NewJob
+from ..types import BatchState
+from .base import Waiter
+
+T = TypeVar("T")
+Key = tuple[int, str, int]
+"""A batch chunk: (batch id, group id, chunk number)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flip:
+    """What setting bits did to one batch chunk."""
+
+    size: int
+    state: str
+    """Its batch's state."""
+    pending_before: int
+    pending_after: int | None
+    """None when no bit changed."""
+    was_set: frozenset[int]
+    """The asked positions that were set already."""
+
+
+class Dialect:
+    """The primitives. ``c`` is always one of the dialect's connections inside a transaction
+    (its own, or the caller's). List parameters are passed as Python lists; a dialect
+    without array parameters sends them as one JSON document."""
+
+    name: str
+    url: str
+    queries: dict[str, str]
+    channel: str | None = None
+    schema: str | None = None
+    """Where justonce's tables live when not in the connection's default (Postgres)."""
+    """Postgres: the NOTIFY channel, passed to every statement that wakes workers."""
+    claim_precheck: bool = False
+    """Look for a ready job with a read before an unpartitioned claim (where an empty
+    claim would take a database-wide write lock for nothing: SQLite)."""
+
+    # -- running named statements -----------------------------------------------------------
+    def rows(self, c: Any, name: str, params: dict[str, Any]) -> list[Any]:
+        """Run a named statement on ``c``; its rows (positional)."""
+        raise NotImplementedError
+
+    def dicts(self, c: Any, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run a named statement on ``c``; its rows as dicts, JSON and time columns decoded."""
+        raise NotImplementedError
+
+    def many(self, c: Any, name: str, seq: Sequence[dict[str, Any]]) -> None:
+        """Run a named statement once per parameter set."""
+        raise NotImplementedError
+
+    def read(self, name: str, params: dict[str, Any]) -> list[Any]:
+        """Run a reading statement on a connection of the dialect's own."""
+        raise NotImplementedError
+
+    def read_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def write(self, name: str, params: dict[str, Any]) -> list[Any]:
+        """Run one named statement atomically in a transaction of its own, the cheapest way
+        the dialect has (Postgres: one autocommit round trip)."""
+        return self.tx(None, lambda c: self.rows(c, name, params))
+
+    def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.tx(None, lambda c: self.dicts(c, name, params))
+
+    def write_count(self, name: str, params: dict[str, Any]) -> int:
+        """Run one writing statement in a transaction of its own; the rows it changed."""
+        raise NotImplementedError
+
+    # -- transactions -------------------------------------------------------------------------
+    def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
+        """Run ``fn(c)`` atomically: in the caller's open transaction on ``conn`` (under a
+        savepoint, so a refused call leaves the caller's writes alone; a connection in
+        autocommit mode gets a transaction of its own, committed here), or, with ``conn``
+        None, in a transaction of the dialect's own. ``timeout``: how long to wait for a
+        write lock where the dialect has one (SQLite)."""
+        raise NotImplementedError
+
+    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
+        """Run ``fn`` on the caller's connection as it is (inside the caller's transaction),
+        or on one of the dialect's own (in a transaction when ``atomic``, or where the
+        dialect needs one for every write)."""
+        raise NotImplementedError
+
+    def locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:
+        """``tx`` with lock waits bounded by ``lock_timeout`` (LockTimeout past it)."""
+        raise NotImplementedError
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One of the dialect's connections in an open write transaction, committed when the
+        block ends and rolled back if it raises."""
+        raise NotImplementedError
+
+    def fence_connection(self, conn: Any) -> Any:
+        """The caller's connection, checked to be inside a transaction (a fence outside one
+        would hold nothing)."""
+        raise NotImplementedError
+
+    def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
+        """Lock the row ``table.column = value`` in the caller's open transaction on ``conn``
+        (waiting at most ``timeout``); False when there is no such row."""
+        raise NotImplementedError
+
+    # -- values --------------------------------------------------------------------------------
+    def time(self, value: Any) -> datetime | None:
+        """A time column as an aware datetime."""
+        raise NotImplementedError
+
+    def at(self, value: datetime | None) -> Any:
+        """A time as the dialect's statements take it as a parameter."""
+        raise NotImplementedError
+
+    def json(self, value: Any) -> Any:
+        """A JSON column as Python."""
+        raise NotImplementedError
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+    # -- bulk inserts ------------------------------------------------------------------------------
+    def insert_rows(self, c: Any, jobs: Sequence[NewJob],
+                    params: Callable[[NewJob], dict[str, Any]]) -> list[int | None]:
+        """Insert jobs that differ in their options; each one's id in input order, None for
+        a job whose key a live job holds. Default: ``job_insert_id`` once per job (no
+        multi-row insert reports which rows a unique key refused)."""
+        out: list[int | None] = []
+        for job in jobs:
+            rows = self.rows(c, "job_insert_id", params(job))
+            out.append(int(rows[0][0]) if rows else None)
+        return out
+
+    def insert_calls(self, c: Any, params: dict[str, Any], args_doc: str,
+                     kwargs_doc: str) -> list[int]:
+        """Insert one job per entry of the JSON arrays ``args_doc`` / ``kwargs_doc`` (same
+        length), all with ``params``' options (and ``item_prefix``) and no key; their ids
+        in input order."""
+        raise NotImplementedError
+
+    # -- batch bits ----------------------------------------------------------------------------------
+    def flip(self, c: Any, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
+        """Lock the chunks (in key order) and set the bits at ``positions`` (skipping
+        positions past a chunk's size and chunks of expired batches); a chunk that does not
+        exist is missing from the answer.
+
+        Default: read the chunks under lock (``batch_chunks_lock``), set the bits here, and
+        write back the chunks that changed (``batch_chunk_update``): for dialects without
+        bit operations on binary strings."""
+        keys = [list(k) for k in sorted(positions)]
+        out: dict[Key, Flip] = {}
+        writes = []
+        for batch_id, group_id, chunk, size, pending, blob, state in self.rows(
+                c, "batch_chunks_lock", {"keys": keys}):
+            key = (int(batch_id), str(group_id), int(chunk))
+            size, pending = int(size), int(pending)
+            if state == BatchState.EXPIRED:
+                out[key] = Flip(size, state, pending, None, frozenset())
+                continue
+            bits, left, was_set = bytearray(blob), pending, set()
+            for pos in positions[key]:
+                if pos >= size:
+                    continue
+                byte, mask = pos >> 3, 1 << (pos & 7)
+                if bits[byte] & mask:
+                    was_set.add(pos)
+                else:
+                    bits[byte] |= mask
+                    left -= 1
+            out[key] = Flip(size, state, pending, left if left != pending else None,
+                            frozenset(was_set))
+            if left != pending:
+                writes.append({"batch_id": key[0], "group_id": key[1], "chunk": key[2],
+                               "bits": bytes(bits), "pending": left})
+        self.many(c, "batch_chunk_update", writes)
+        return out
+
+    # -- queue statistics ----------------------------------------------------------------------
+    def count_jobs(self, exact_below: int) -> tuple[list[Any], bool]:
+        """(rows of (queue, state, count), estimated) for the service's queue view: exact by
+        default; a dialect with a cheap sample may estimate above ``exact_below`` rows."""
+        return self.read("queue_counts", {}), False
+
+    # -- schema, clock, waiting ----------------------------------------------------------------
+    def migrate(self) -> list[str]:
+        raise NotImplementedError
+
+    def schema_version(self) -> int:
+        raise NotImplementedError
+
+    def now(self) -> datetime:
+        raise NotImplementedError
+
+    def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
