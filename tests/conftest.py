@@ -7,6 +7,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,10 @@ from justonce import App, Worker  # noqa: E402
 from pgcluster import DEFAULT_URL, Cluster, can_connect, pg_bin  # noqa: E402
 
 REQUIRE_PG = os.environ.get("JUSTONCE_REQUIRE_POSTGRES") == "1"
+REQUIRE_MYSQL = os.environ.get("JUSTONCE_REQUIRE_MYSQL") == "1"
+MYSQL_URL = os.environ.get("JUSTONCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 _pg: dict[str, object] = {}
+_my: dict[str, object] = {}
 
 
 def _postgres_url() -> str | None:
@@ -49,6 +53,52 @@ def postgres_or_skip() -> str:
     return url
 
 
+def _mysql_server() -> str | None:
+    """The MySQL/MariaDB server URL, or None (with the reason kept) when none answers."""
+    if "url" in _my:
+        return _my["url"]  # type: ignore[return-value]
+    try:
+        import pymysql
+
+        from justonce.backends.mysql.backend import parse_mysql_url
+
+        kwargs, _ = parse_mysql_url(MYSQL_URL)
+        pymysql.connect(**kwargs, connect_timeout=3).close()
+        _my["url"], _my["reason"] = MYSQL_URL, None
+    except Exception as exc:  # noqa: BLE001
+        _my["url"], _my["reason"] = None, f"{MYSQL_URL}: {exc}"
+    return _my["url"]  # type: ignore[return-value]
+
+
+def mysql_or_skip() -> str:
+    url = _mysql_server()
+    if url is None:
+        msg = f"MySQL/MariaDB not available: {_my['reason']}"
+        if REQUIRE_MYSQL:
+            pytest.fail(msg + " (JUSTONCE_REQUIRE_MYSQL=1)", pytrace=False)
+        pytest.skip(msg)
+    return url
+
+
+@contextmanager
+def mysql_database(server: str) -> Iterator[str]:
+    """A fresh database of its own on the server, dropped afterwards: its URL."""
+    import pymysql
+
+    from justonce.backends.mysql.backend import parse_mysql_url
+
+    kwargs, _ = parse_mysql_url(server)
+    name = f"jo_{uuid.uuid4().hex[:12]}"
+    with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    base = server.split("?", 1)[0].rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     cluster = _pg.get("cluster")
     if isinstance(cluster, Cluster):
@@ -59,6 +109,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # ty
     if _pg.get("reason"):
         terminalreporter.write_sep(
             "!", f"POSTGRES TESTS SKIPPED: {_pg['reason']}", red=True, bold=True
+        )
+    if _my.get("reason"):
+        terminalreporter.write_sep(
+            "!", f"MYSQL TESTS SKIPPED: {_my['reason']}", red=True, bold=True
         )
 
 
@@ -74,11 +128,15 @@ def _drop_schema(server: str, schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database of each backend."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'jobs.db'}"
+        return
+    if request.param == "mysql":
+        with mysql_database(mysql_or_skip()) as url:
+            yield url
         return
     server = postgres_or_skip()
     schema = f"t_{uuid.uuid4().hex[:12]}"

@@ -21,13 +21,14 @@ def open_backend(url: str | None = None) -> Backend:
 
     ``sqlite:///relative.db``, ``sqlite:////absolute/path.db`` (query options
     ``synchronous``, ``busy_timeout``), ``postgresql://user@host:port/db`` (query option
-    ``schema`` to keep justonce's tables in a schema of their own).
+    ``schema`` to keep justonce's tables in a schema of their own),
+    ``mysql://user:password@host:port/db`` or ``mariadb://…`` (MySQL 8, MariaDB 10.6+).
     """
     url = resolve_url(url)
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
-            f"malformed database URL {url!r}: expected sqlite:///path.db or "
-            "postgresql://user@host:port/dbname"
+            f"malformed database URL {url!r}: expected sqlite:///path.db, "
+            "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
         )
     scheme = urlsplit(url).scheme.lower()
     if scheme == "sqlite":
@@ -38,9 +39,13 @@ def open_backend(url: str | None = None) -> Backend:
         from .postgres.backend import PostgresBackend
 
         return PostgresBackend(url)
+    if scheme in ("mysql", "mariadb"):
+        from .mysql.backend import MySQLBackend
+
+        return MySQLBackend(url)
     raise ConfigurationError(
-        f"unsupported database URL scheme {scheme!r} in {url!r}: use sqlite:///path.db "
-        "or postgresql://user@host:port/dbname"
+        f"unsupported database URL scheme {scheme!r} in {url!r}: use sqlite:///path.db, "
+        "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
     )
 
 

@@ -1,0 +1,655 @@
+"""MySQL 8 and MariaDB 10.6+ backend, through PyMySQL.
+
+PyMySQL is pure Python: it installs everywhere without client libraries or a compiler (the
+C driver, mysqlclient, needs the server's development headers), and its cost per statement
+is small beside a round trip. Our connections run READ COMMITTED (REPEATABLE READ's gap and
+next-key locks are where MySQL queues deadlock), in UTC, in strict mode.
+
+There is no ``UPDATE … RETURNING`` (MySQL has none; MariaDB has none for UPDATE): a named
+block in ``queries.sql`` may hold several statements, run in order in one transaction. The
+rows of each SELECT are bound as ``%(picked)s`` (the tuple of their first column, rendered
+as a literal list) for the statements after it; a SELECT that finds nothing, or a write
+that changes nothing, ends the block with no rows; the block's rows are those of the last
+SELECT that ran. So "lock, then update" reads ``SELECT id … FOR UPDATE SKIP LOCKED;
+UPDATE … WHERE id IN %(picked)s; SELECT … WHERE id IN %(picked)s``.
+
+There is no LISTEN/NOTIFY: idle workers poll (``MySQLWaiter``). A transaction of ours that
+InnoDB chose as a deadlock victim was rolled back whole, and is run again (it is made of
+database statements only); a lock wait past ``innodb_lock_wait_timeout`` is a LockTimeout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ...errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidOption,
+    LockTimeout,
+    SchemaError,
+)
+from ...models import NewJob
+from ..base import load_queries, migration_files
+from ..dialect import Dialect
+from ..store import Store
+
+try:
+    import pymysql
+    from pymysql.constants import CLIENT, SERVER_STATUS
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ConfigurationError(
+        "the MySQL backend needs PyMySQL: pip install 'justonce[mysql]'"
+    ) from exc
+
+HERE = Path(__file__).parent
+Q = load_queries(HERE / "queries.sql")
+MIGRATIONS = migration_files(HERE / "migrations")
+LATEST = MIGRATIONS[-1][0]
+T = TypeVar("T")
+
+_END = re.compile(r";\s*(?:\n|$)")
+_WRITE = re.compile(r"^\s*(INSERT|UPDATE|DELETE|REPLACE)\b", re.I)
+_SELECT = re.compile(r"^\s*(\(?\s*SELECT|WITH)\b", re.I)
+
+
+def _statements(text: str) -> list[str]:
+    return [s.strip() for s in _END.split(text) if s.strip()]
+
+
+STATEMENTS = {name: _statements(text) for name, text in Q.items()}
+
+DEADLOCK = 1213
+LOCK_WAIT = 1205
+DUPLICATE = 1062
+GONE = {2003, 2006, 2013, 2014, 2055, 1927, 4031}
+"""Client and server codes of a connection that is lost or unusable: thrown away."""
+DEADLOCK_RETRIES = 8
+JOB_COLUMNS_JSON = ("args", "kwargs", "errors", "result")
+JOB_COLUMNS_TIME = ("run_at", "created_at", "started_at", "finished_at", "lease_expires_at")
+
+
+def parse_mysql_url(url: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """``mysql://user:password@host:port/db`` (or ``mariadb://``) → (connect kwargs,
+    justonce's own options: ``pool_size``)."""
+    parts = urlsplit(url)
+    database = unquote(parts.path.lstrip("/"))
+    if not parts.hostname or not database or "/" in database:
+        raise ConfigurationError(
+            f"malformed MySQL URL {url!r}: expected mysql://user:password@host:port/dbname"
+        )
+    try:
+        port = parts.port or 3306
+    except ValueError:
+        raise ConfigurationError(f"malformed port in MySQL URL {url!r}") from None
+    options = dict(parse_qsl(parts.query))
+    ours = {k: options.pop(k) for k in ("pool_size",) if k in options}
+    if options:
+        raise ConfigurationError(f"unknown MySQL URL options {sorted(options)} in {_redact(url)!r}")
+    kwargs = {"host": parts.hostname, "port": port, "user": unquote(parts.username or "root"),
+              "password": unquote(parts.password or ""), "database": database}
+    return kwargs, ours
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@")
+    return url
+
+
+def _param(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, datetime):
+        return _naive(value)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _naive(value: datetime) -> datetime:
+    """A time as the server's DATETIME(6) in UTC takes it."""
+    if value.tzinfo is None:
+        return value
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def _aware(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+    raise TypeError(f"not a time: {value!r}")
+
+
+def _code(exc: BaseException) -> int | None:
+    if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+class _Pool:
+    """A small thread-safe pool of PyMySQL connections (at most ``size`` open)."""
+
+    def __init__(self, connect: Callable[[], pymysql.Connection], size: int,
+                 timeout: float) -> None:
+        self._connect = connect
+        self._idle: queue.LifoQueue[pymysql.Connection] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(size)
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._all: set[int] = set()
+
+    def get(self) -> pymysql.Connection:
+        if not self._slots.acquire(timeout=self._timeout):
+            raise DatabaseUnavailable(f"no MySQL connection free within {self._timeout:g}s")
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            return self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def put(self, conn: pymysql.Connection, broken: bool = False) -> None:
+        try:
+            if broken or not conn.open:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001 - already broken
+                    pass
+            else:
+                self._idle.put(conn)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        while True:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+class MySQLDialect(Dialect):
+    """PyMySQL over a small pool; every connection READ COMMITTED, UTC, strict."""
+
+    name = "mysql"
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+        self.url = url
+        self.queries = Q
+        self._connect_kwargs, ours = parse_mysql_url(url)
+        try:
+            self.pool_size = int(ours.get("pool_size", 10))
+        except ValueError:
+            raise ConfigurationError("pool_size must be an integer") from None
+        if not 1 <= self.pool_size <= 1000:
+            raise ConfigurationError(f"pool_size must be in [1, 1000], not {self.pool_size}")
+        self.connect_timeout = connect_timeout
+        self._pool: _Pool | None = None
+        self._lock = threading.Lock()
+        self._schema_ok = False
+        self.mariadb = True
+        self.consecutive_ids = True
+        """Multi-row inserts draw consecutive ids (innodb_autoinc_lock_mode 0 or 1)."""
+
+    # -- connections ------------------------------------------------------------------------------
+    def _new_connection(self) -> pymysql.Connection:
+        try:
+            conn = pymysql.connect(
+                **self._connect_kwargs, autocommit=True, charset="utf8mb4",
+                connect_timeout=max(1, int(self.connect_timeout)),
+                # No FOUND_ROWS: an UPDATE reports the rows it changed, not those it matched
+                # (a no-op upsert must count 0).
+                client_flag=CLIENT.MULTI_RESULTS,
+            )
+        except pymysql.err.MySQLError as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to MySQL at {self._connect_kwargs['host']}:"
+                f"{self._connect_kwargs['port']}: {exc}") from exc
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            cur.execute("SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,"
+                        "NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
+                        "NO_ENGINE_SUBSTITUTION'")
+        return conn
+
+    def _get_pool(self) -> _Pool:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    conn = self._new_connection()
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT VERSION(), @@innodb_autoinc_lock_mode")
+                        version, mode = cur.fetchone()
+                    self.mariadb = "mariadb" in str(version).lower()
+                    self.consecutive_ids = int(mode) < 2
+                    pool = _Pool(self._new_connection, self.pool_size, self.connect_timeout)
+                    pool._idle.put(conn)
+                    self._pool = pool
+        return self._pool
+
+    @contextmanager
+    def _connection(self, schema: bool = True) -> Iterator[pymysql.Connection]:
+        """A pooled connection in autocommit mode; thrown away if it broke."""
+        if schema:
+            self._ensure_schema()
+        pool = self._get_pool()
+        conn = pool.get()
+        broken = False
+        try:
+            yield conn
+        except pymysql.err.MySQLError as exc:
+            code = _code(exc)
+            if code == LOCK_WAIT:  # the statement was rolled back; the connection is fine
+                raise LockTimeout(f"MySQL: {exc.args[-1]}") from exc
+            if code == DEADLOCK:  # still a deadlock victim after DEADLOCK_RETRIES runs
+                raise DatabaseUnavailable(f"MySQL: {exc.args[-1]}") from exc
+            if code in GONE or isinstance(exc, pymysql.err.InterfaceError) or (
+                    isinstance(exc, pymysql.err.OperationalError) and code != DEADLOCK):
+                broken = True
+                raise DatabaseUnavailable(f"MySQL: {exc}") from exc
+            raise  # unique violations, deadlocks (retried above us), SQL errors
+        except BaseException:
+            broken = True  # interrupted mid-conversation: the protocol state is unknown
+            raise
+        finally:
+            if not broken and conn.open and conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
+                try:
+                    conn.rollback()
+                except pymysql.err.MySQLError:
+                    broken = True
+            pool.put(conn, broken)
+
+    def _ensure_schema(self) -> None:
+        if self._schema_ok:
+            return
+        version = self.schema_version()
+        if version < LATEST:
+            raise SchemaError(
+                f"the justonce schema is at v{version}, this version needs v{LATEST}: "
+                "run `justonce migrate`"
+            )
+        if version > LATEST:
+            raise SchemaError(
+                f"database schema v{version} is newer than this justonce (v{LATEST}); upgrade"
+            )
+        self._schema_ok = True
+
+    # -- the block runner ---------------------------------------------------------------------------
+    def _run(self, c: pymysql.Connection, name: str, params: dict[str, Any],
+             dicts: bool = False) -> list[Any]:
+        args = {k: _param(v) for k, v in params.items()}
+        result: list[Any] = []
+        names: list[str] = []
+        with c.cursor() as cur:
+            for statement in STATEMENTS[name]:
+                count = cur.execute(statement, args)
+                if _SELECT.match(statement):
+                    result = list(cur.fetchall())
+                    if not result:
+                        return []
+                    names = [d[0] for d in cur.description or ()]
+                    args["picked"] = tuple(r[0] for r in result)
+                elif _WRITE.match(statement) and count == 0:
+                    return []
+        if dicts:
+            return [_decode(dict(zip(names, r, strict=True))) for r in result]
+        return result
+
+    # -- the dialect's primitives (dialect.py) ----------------------------------------------------------
+    def rows(self, c: pymysql.Connection, name: str, params: dict[str, Any]) -> list[Any]:
+        return self._run(c, name, params)
+
+    def dicts(self, c: pymysql.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._run(c, name, params, dicts=True)
+
+    def many(self, c: pymysql.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
+        for params in seq:
+            self._run(c, name, params)
+
+    def read(self, name: str, params: dict[str, Any]) -> list[Any]:
+        with self._connection() as c:
+            return self._run(c, name, params)
+
+    def read_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with self._connection() as c:
+            return self._run(c, name, params, dicts=True)
+
+    def write(self, name: str, params: dict[str, Any]) -> list[Any]:
+        if len(STATEMENTS[name]) == 1:  # one statement in autocommit mode is atomic
+            with self._connection() as c:
+                return self._retry_deadlock(lambda: self._run(c, name, params))
+        return self.tx(None, lambda c: self._run(c, name, params))
+
+    def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.tx(None, lambda c: self._run(c, name, params, dicts=True))
+
+    def write_count(self, name: str, params: dict[str, Any]) -> int:
+        args = {k: _param(v) for k, v in params.items()}
+        (statement,) = STATEMENTS[name]
+        with self._connection() as c, c.cursor() as cur:
+            return int(self._retry_deadlock(lambda: cur.execute(statement, args)))
+
+    def _retry_deadlock(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` again when InnoDB rolled it back as a deadlock victim (only for work
+        of our own: the whole transaction was rolled back, so nothing of it stays)."""
+        for attempt in range(DEADLOCK_RETRIES):
+            try:
+                return fn()
+            except pymysql.err.OperationalError as exc:
+                if _code(exc) != DEADLOCK or attempt == DEADLOCK_RETRIES - 1:
+                    raise
+            time.sleep(random.uniform(0, 0.002 * 2 ** attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _own_tx(self, fn: Callable[[pymysql.Connection], T]) -> T:
+        with self._connection() as c:
+            def once() -> T:
+                c.begin()
+                try:
+                    result = fn(c)
+                except BaseException:
+                    if c.open:
+                        c.rollback()
+                    raise
+                c.commit()
+                return result
+
+            return self._retry_deadlock(once)
+
+    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
+        if conn is not None:
+            return fn(self._caller_connection(conn))
+        if atomic:
+            return self._own_tx(fn)
+        with self._connection() as c:
+            return self._retry_deadlock(lambda: fn(c))
+
+    def _caller_connection(self, conn: Any) -> pymysql.Connection:
+        if not isinstance(conn, pymysql.connections.Connection):
+            raise InvalidOption(
+                f"conn must be an open pymysql Connection to this database, not {type(conn).__name__}"
+            )
+        self._ensure_schema()
+        return conn
+
+    @staticmethod
+    def _in_transaction(c: pymysql.Connection) -> bool:
+        return bool(c.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS) or not c.get_autocommit()
+
+    def _isolation(self, c: pymysql.Connection) -> str:
+        variable = "@@tx_isolation" if self.mariadb else "@@transaction_isolation"
+        with c.cursor() as cur:
+            cur.execute(f"SELECT {variable}")
+            row = cur.fetchone()
+        return str(row[0]) if row else "unknown"
+
+    def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
+        if conn is None:
+            return self._own_tx(fn)
+        c = self._caller_connection(conn)
+        level = self._isolation(c)
+        if level != "READ-COMMITTED":
+            raise InvalidOption(
+                "batch operations on your connection need READ COMMITTED isolation (each "
+                f"statement must see what committed before it), not {level}: run "
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, or use another connection"
+            )
+        own = not self._in_transaction(c)
+        try:
+            with c.cursor() as cur:
+                cur.execute("BEGIN" if own else "SAVEPOINT justonce")
+                try:
+                    result = fn(c)
+                except BaseException as exc:
+                    if _code(exc) == DEADLOCK:
+                        raise  # InnoDB rolled back the caller's whole transaction already
+                    cur.execute("ROLLBACK" if own else "ROLLBACK TO SAVEPOINT justonce")
+                    raise
+                cur.execute("COMMIT" if own else "RELEASE SAVEPOINT justonce")
+        except pymysql.err.OperationalError as exc:
+            if _code(exc) == DEADLOCK:
+                raise DatabaseUnavailable(
+                    "MySQL chose your transaction as a deadlock victim and rolled it back "
+                    "whole: run it again") from exc
+            if _code(exc) == LOCK_WAIT:
+                raise LockTimeout(f"MySQL: {exc.args[-1]}") from exc
+            raise
+        return result
+
+    def locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:
+        # innodb_lock_wait_timeout takes whole seconds: a wait is bounded by the timeout
+        # rounded up (at least 1 s).
+        seconds = max(1, math.ceil(lock_timeout))
+
+        def bounded(c: pymysql.Connection) -> T:
+            with c.cursor() as cur:
+                cur.execute("SELECT @@innodb_lock_wait_timeout")
+                row = cur.fetchone()
+                cur.execute("SET SESSION innodb_lock_wait_timeout = %s", (seconds,))
+            try:
+                return fn(c)
+            finally:
+                if c.open:
+                    with c.cursor() as cur:
+                        cur.execute("SET SESSION innodb_lock_wait_timeout = %s",
+                                    (int(row[0]) if row else 50,))
+
+        try:
+            return self.tx(conn, bounded)
+        except pymysql.err.OperationalError as exc:
+            if _code(exc) == LOCK_WAIT:
+                raise LockTimeout(f"a ledger entry stayed locked for {lock_timeout:g}s") from exc
+            raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[pymysql.Connection]:
+        with self._connection() as c:
+            c.begin()
+            try:
+                yield c
+            except BaseException:
+                if c.open:
+                    c.rollback()
+                raise
+            c.commit()
+
+    def fence_connection(self, conn: Any) -> pymysql.Connection:
+        c = self._caller_connection(conn)
+        if not self._in_transaction(c):
+            raise InvalidOption("fence() needs your open transaction on conn (conn.begin() "
+                                "first, or a connection with autocommit off)")
+        return c
+
+    def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
+        c = self.fence_connection(conn)
+        t = ".".join(f"`{part}`" for part in table.split("."))
+        seconds = max(1, math.ceil(timeout))
+        with c.cursor() as cur:
+            cur.execute("SELECT @@innodb_lock_wait_timeout")
+            row = cur.fetchone()
+            cur.execute("SET SESSION innodb_lock_wait_timeout = %s", (seconds,))
+            try:
+                found = cur.execute(f"SELECT 1 FROM {t} WHERE `{column}` = %s FOR UPDATE",
+                                    (value,)) > 0
+            except pymysql.err.OperationalError as exc:
+                if _code(exc) == LOCK_WAIT:
+                    raise LockTimeout(
+                        f"row {table}.{column} = {value!r} stayed locked for {timeout:g}s") from exc
+                raise
+            finally:
+                cur.execute("SET SESSION innodb_lock_wait_timeout = %s",
+                            (int(row[0]) if row else 50,))
+        return found
+
+    def time(self, value: Any) -> datetime | None:
+        return _aware(value)
+
+    def at(self, value: datetime | None) -> Any:
+        return None if value is None else _naive(value)
+
+    def json(self, value: Any) -> Any:
+        if isinstance(value, bytes):
+            value = value.decode()
+        return json.loads(value) if isinstance(value, str) else value
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, pymysql.err.IntegrityError) and _code(exc) == DUPLICATE
+
+    # -- bulk inserts ----------------------------------------------------------------------------------
+    def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
+                     kwargs_doc: str) -> list[int]:
+        if not self.consecutive_ids:
+            # innodb_autoinc_lock_mode = 2 (MySQL 8's default) interleaves the ids of
+            # concurrent multi-row inserts: one row at a time, each with its own id.
+            prefix = params.get("item_prefix")
+            out = []
+            for i, (a, k) in enumerate(zip(json.loads(args_doc), json.loads(kwargs_doc),
+                                           strict=True)):
+                row = {**params, "args": json.dumps(a), "kwargs": json.dumps(k), "key": None,
+                       "batch_item": None if prefix is None else f"{prefix}{i}"}
+                out.append(int(self._run(c, "job_insert_id", row)[0][0]))
+            return out
+        rows = self._run(c, "job_insert_batch", {**params, "args": args_doc, "kwargs": kwargs_doc})
+        if not rows:
+            return []
+        first, count = int(rows[0][0]), int(rows[0][1])
+        # One INSERT … SELECT under innodb_autoinc_lock_mode 0 or 1 draws consecutive ids,
+        # in the SELECT's order (ORDER BY ordinality).
+        return list(range(first, first + count))
+
+    # -- schema, clock, waiting --------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        with self._connection(schema=False) as c, c.cursor() as cur:
+            cur.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+                        " AND TABLE_NAME = 'justonce_migrations'")
+            if not cur.fetchone():
+                return 0
+            cur.execute("SELECT COALESCE(MAX(version), 0) FROM justonce_migrations")
+            row = cur.fetchone()
+            return int(row[0]) if row else 0
+
+    def migrate(self) -> list[str]:
+        """Apply missing migrations. MySQL commits each DDL statement on its own, so a
+        migration is not atomic; concurrent migrators take turns on a named lock, and a
+        migration that failed half-way is reported with its name."""
+        applied: list[str] = []
+        with self._connection(schema=False) as c, c.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(CONCAT(DATABASE(), '.justonce_migrate'), 60)")
+            row = cur.fetchone()
+            if not row or row[0] != 1:
+                raise DatabaseUnavailable("another process held the migration lock for 60 s")
+            try:
+                cur.execute(
+                    "CREATE TABLE IF NOT EXISTS justonce_migrations ("
+                    " version INT PRIMARY KEY, name VARCHAR(200) NOT NULL,"
+                    " applied_at DATETIME(6) NOT NULL DEFAULT NOW(6))"
+                    " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
+                cur.execute("SELECT version FROM justonce_migrations")
+                done = {r[0] for r in cur.fetchall()}
+                for version, name, text in MIGRATIONS:
+                    if version in done:
+                        continue
+                    if not self.mariadb:
+                        text = text.replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
+                    try:
+                        for statement in _statements(_strip_comments(text)):
+                            cur.execute(statement)
+                    except pymysql.err.MySQLError as exc:
+                        raise SchemaError(f"migration {name} failed: {exc}") from exc
+                    cur.execute("INSERT INTO justonce_migrations (version, name) VALUES (%s, %s)",
+                                (version, name))
+                    applied.append(name)
+            finally:
+                cur.execute("SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.justonce_migrate'))")
+        self._schema_ok = True
+        return applied
+
+    def now(self) -> datetime:
+        value = self.read("db_now", {})[0][0]
+        return _aware(value)  # type: ignore[return-value]
+
+    def waiter(self, queues: Sequence[str], listen: bool = True) -> MySQLWaiter:
+        return MySQLWaiter(self, queues)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def _strip_comments(text: str) -> str:
+    return "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("--"))
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for col in JOB_COLUMNS_JSON:
+        value = row.get(col)
+        if isinstance(value, bytes):
+            value = value.decode()
+        if isinstance(value, str):
+            row[col] = json.loads(value)
+    for col in JOB_COLUMNS_TIME:
+        if col in row:
+            row[col] = _aware(row[col])
+    return row
+
+
+class MySQLWaiter:
+    """No notifications between sessions: an idle worker looks for a ready job of its
+    queues every ``EVERY`` seconds (one index probe) and returns when there is one."""
+
+    EVERY = 0.05
+
+    def __init__(self, dialect: MySQLDialect, queues: Sequence[str]) -> None:
+        self.dialect = dialect
+        self.queues = list(queues)
+        self._stop = threading.Event()
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                if self.dialect.read("jobs_ready_in", {"queues": self.queues}):
+                    return
+            except (DatabaseUnavailable, pymysql.err.MySQLError):
+                pass
+            self._stop.wait(min(self.EVERY, max(0.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class MySQLBackend(Store):
+    """The Store on MySQL 8 or MariaDB 10.6+."""
+
+    def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
+        self.mysql = MySQLDialect(url, connect_timeout=connect_timeout)
+        super().__init__(self.mysql)
+
+
+__all__ = ["MySQLBackend", "MySQLDialect", "NewJob"]
