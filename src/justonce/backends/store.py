@@ -231,6 +231,9 @@ class Store:
         return claimed_jobs(self.d.write(name, params))
 
     def completion_params(self, done: Sequence[Completion]) -> dict[str, Any]:
+        # Lists of ids go in id order everywhere: two transactions that lock the same rows
+        # lock them in the same order (MySQL locks in list order), so they cannot deadlock.
+        done = sorted(done, key=lambda x: x.id)
         return {
             "ids": [c.id for c in done], "tokens": [c.lease_token for c in done],
             "results": [c.result_json for c in done], "notes": [c.note for c in done],
@@ -293,12 +296,14 @@ class Store:
     def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         if not held:
             return set()
+        held = sorted(held)  # id order: see completion_params
         params = {"ids": [h[0] for h in held], "tokens": [h[1] for h in held], "lease": lease}
         return {int(r[0]) for r in self.d.write("job_heartbeat", params)}
 
     def job_release(self, held: Sequence[tuple[int, int]], refund: bool) -> set[int]:
         if not held:
             return set()
+        held = sorted(held)  # id order: see completion_params
         params = {"ids": [h[0] for h in held], "tokens": [h[1] for h in held],
                   "refund": refund, "channel": self.d.channel}
         return {int(r[0]) for r in self.d.write("job_release", params)}

@@ -49,6 +49,7 @@ ON DUPLICATE KEY UPDATE id = id;
 SELECT id, state, run_at, created_at, NULL FROM justonce_jobs WHERE id = LAST_INSERT_ID();
 
 -- name: job_insert_id
+-- dialect-only: one row at a time (Dialect.insert_rows' default)
 -- One job, batch item included; a held live key: no row.
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, `key`, partition_key, batch_item, partition_hash)
@@ -65,6 +66,7 @@ ON DUPLICATE KEY UPDATE id = id;
 SELECT LAST_INSERT_ID();
 
 -- name: job_insert_batch
+-- dialect-only: MySQL's bulk insert of calls (MySQLDialect.insert_calls)
 -- One task, one set of options, no keys: one row per entry of %(args)s and %(kwargs)s (two
 -- JSON arrays of the same length), inserted in their order; with %(item_prefix)s, job i is
 -- item prefix || i. Returns (first id, rows): the ids are consecutive under
@@ -456,6 +458,7 @@ UPDATE justonce_batches SET state = 'sealed', sealed_at = NOW(6), updated_at = N
  WHERE id IN %(picked)s;
 
 -- name: batch_chunks_lock
+-- dialect-only: bits set in Python (Dialect.flip's default)
 -- %(keys)s: a JSON list of [batch id, group id, chunk], sorted. The chunks are looked up
 -- one by one through the primary key and locked in that order (two bulk acks cannot
 -- deadlock); the ORDER BY only orders the answer. The
@@ -472,6 +475,7 @@ SELECT c.batch_id, c.group_id, c.chunk, c.size, c.pending, c.bits,
    FOR UPDATE;
 
 -- name: batch_chunk_update
+-- dialect-only: bits set in Python (Dialect.flip's default)
 -- Run once per changed chunk, under the lock batch_chunks_lock took.
 UPDATE justonce_batch_chunks
    SET bits = %(bits)s, pending = %(pending)s, updated_at = NOW(6)
@@ -859,3 +863,10 @@ SELECT h.q, TIMESTAMPDIFF(MICROSECOND, LEAST(COALESCE(h.a, h.b), COALESCE(h.b, h
                  WHERE j.state = 'ready' AND j.partition_hash IS NOT NULL AND j.queue = q.q
                  ORDER BY j.id LIMIT 1) AS b
           FROM JSON_TABLE(%(queues)s, '$[*]' COLUMNS (q VARCHAR(63) PATH '$')) AS q) AS h;
+
+-- name: jobs_ready_in
+-- dialect-only: MySQLWaiter's poll (no LISTEN/NOTIFY): is a job of %(queues)s ready? One
+-- probe of the claim index per queue.
+SELECT 1 FROM JSON_TABLE(%(queues)s, '$[*]' COLUMNS (q VARCHAR(63) PATH '$')) AS w
+ WHERE EXISTS (SELECT 1 FROM justonce_jobs j WHERE j.state = 'ready' AND j.queue = w.q)
+ LIMIT 1;
