@@ -549,7 +549,9 @@ class MySQLDialect(Dialect):
                        "batch_item": None if prefix is None else f"{prefix}{i}"}
                 out.append(int(self._run(c, "job_insert_id", row)[0][0]))
             return out
-        rows = self._run(c, "job_insert_batch", {**params, "args": args_doc, "kwargs": kwargs_doc})
+        pairs = zip(json.loads(args_doc), json.loads(kwargs_doc), strict=True)
+        doc = json.dumps([[a, k] for a, k in pairs], separators=(",", ":"))
+        rows = self._run(c, "job_insert_pairs", {**params, "rows": doc})
         if not rows:
             return []
         first, count = int(rows[0][0]), int(rows[0][1])

@@ -65,17 +65,16 @@ VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
 ON DUPLICATE KEY UPDATE id = id;
 SELECT LAST_INSERT_ID();
 
--- name: job_insert_batch
+-- name: job_insert_pairs
 -- dialect-only: MySQL's bulk insert of calls (MySQLDialect.insert_calls)
--- One task, one set of options, no keys: one row per entry of %(args)s and %(kwargs)s (two
--- JSON arrays of the same length), inserted in their order; with %(item_prefix)s, job i is
--- item prefix || i. Returns (first id, rows): the ids are consecutive under
--- innodb_autoinc_lock_mode 0 or 1. The kwargs list is materialised for the join (see the
--- top of the file): about 50 ms per 1,000 jobs on MariaDB, where one JSON list of
--- [args, kwargs] pairs would need no join (measured: 0.39 s against 1.0 s for 10,000).
+-- One task, one set of options, no keys: one row per [args, kwargs] pair of %(rows)s, in
+-- their order; with %(item_prefix)s, job i is item prefix || i. One JSON list of pairs, not
+-- two lists joined by position (a join of two JSON_TABLEs costs 1.0 s against 0.39 s for
+-- 10,000 rows on MariaDB). Returns (first id, rows): the ids are consecutive under
+-- innodb_autoinc_lock_mode 0 or 1.
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, partition_key, batch_item, partition_hash)
-SELECT %(queue)s, %(task)s, a.value, k.value,
+SELECT %(queue)s, %(task)s, r.a, r.k,
        CASE WHEN COALESCE(CAST(%(run_at)s AS DATETIME(6)),
                           NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND) > NOW(6)
             THEN 'scheduled' ELSE 'ready' END,
@@ -83,12 +82,10 @@ SELECT %(queue)s, %(task)s, a.value, k.value,
        COALESCE(CAST(%(run_at)s AS DATETIME(6)),
                 NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND),
        %(max_attempts)s, %(timeout)s, %(partition_key)s,
-       CONCAT(%(item_prefix)s, a.ord - 1), %(partition_hash)s
-  FROM JSON_TABLE(%(args)s, '$[*]' COLUMNS (ord FOR ORDINALITY, value JSON PATH '$')) AS a
-  JOIN (SELECT ord, value
-          FROM JSON_TABLE(%(kwargs)s, '$[*]' COLUMNS (ord FOR ORDINALITY, value JSON PATH '$')) AS x
-         LIMIT 18446744073709551615) AS k ON k.ord = a.ord
- ORDER BY a.ord;
+       CONCAT(%(item_prefix)s, r.ord - 1), %(partition_hash)s
+  FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (ord FOR ORDINALITY, a JSON PATH '$[0]',
+                                            k JSON PATH '$[1]')) AS r
+ ORDER BY r.ord;
 SELECT LAST_INSERT_ID(), ROW_COUNT();
 
 -- name: job_live_by_keys
