@@ -547,7 +547,7 @@ class MySQLDialect(Dialect):
                                            strict=True)):
                 row = {**params, "args": json.dumps(a), "kwargs": json.dumps(k), "key": None,
                        "batch_item": None if prefix is None else f"{prefix}{i}"}
-                out.append(int(self._run(c, "job_insert_id", row)[0][0]))
+                out.append(int(self._run(c, "job_insert", row)[0][0]))
             return out
         pairs = zip(json.loads(args_doc), json.loads(kwargs_doc), strict=True)
         doc = json.dumps([[a, k] for a, k in pairs], separators=(",", ":"))

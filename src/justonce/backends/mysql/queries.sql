@@ -36,22 +36,6 @@
 -- A held live key makes the insert change nothing (the unique index on live_key), which
 -- ends the block with no row: the caller then looks the holder up (job_live_by_keys).
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
-                           timeout, `key`, partition_key, partition_hash)
-VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
-        CASE WHEN COALESCE(CAST(%(run_at)s AS DATETIME(6)),
-                           NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND) > NOW(6)
-             THEN 'scheduled' ELSE 'ready' END,
-        %(priority)s,
-        COALESCE(CAST(%(run_at)s AS DATETIME(6)),
-                 NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND),
-        %(max_attempts)s, %(timeout)s, %(key)s, %(partition_key)s, %(partition_hash)s)
-ON DUPLICATE KEY UPDATE id = id;
-SELECT id, state, run_at, created_at, NULL FROM justonce_jobs WHERE id = LAST_INSERT_ID();
-
--- name: job_insert_id
--- dialect-only: one row at a time (Dialect.insert_rows' default)
--- One job, batch item included; a held live key: no row.
-INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, `key`, partition_key, batch_item, partition_hash)
 VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
         CASE WHEN COALESCE(CAST(%(run_at)s AS DATETIME(6)),
@@ -63,7 +47,7 @@ VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
         %(max_attempts)s, %(timeout)s, %(key)s, %(partition_key)s, %(batch_item)s,
         %(partition_hash)s)
 ON DUPLICATE KEY UPDATE id = id;
-SELECT LAST_INSERT_ID();
+SELECT id, state, run_at, created_at, NULL FROM justonce_jobs WHERE id = LAST_INSERT_ID();
 
 -- name: job_insert_pairs
 -- dialect-only: MySQL's bulk insert of calls (MySQLDialect.insert_calls)

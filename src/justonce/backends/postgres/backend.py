@@ -410,8 +410,8 @@ class PostgresDialect(Dialect):
 
     def insert_rows(self, c: psycopg.Connection, jobs: Sequence[NewJob],
                     params: Callable[[NewJob], dict[str, Any]]) -> list[int | None]:
-        # One statement for all rows (job_insert_many): about 6x the rows/s of one
-        # statement per job in bench/enqueue.py.
+        # One statement for all rows (job_insert_many): 43,700 keyed jobs/s against 4,300
+        # with the generic job_insert per job (x10, bench/fast_paths.py, 1,000 per call).
         cur = c.cursor(row_factory=tuple_row)
         rows_json = "[" + ",".join(_row_json(j) for j in jobs) + "]"
         cur.execute(Q["job_insert_many"], {"rows": rows_json, "channel": self.channel})
@@ -468,7 +468,8 @@ class PostgresBackend(Store):
             return super().job_complete_and_claim(done, queue, limit, owner, lease, partitions)
         if partitions is None and not any(x.batch_item for x in done):
             # Completion and claim in ONE statement (job_complete_and_claim): one round trip
-            # and one commit instead of BEGIN, two statements and COMMIT.
+            # and one commit instead of BEGIN, two statements and COMMIT: 16,600 jobs/s
+            # against 15,600 (x1.06, 100 per call, bench/fast_paths.py).
             params = self.completion_params(done)
             params.update(queue=queue, limit=limit, owner=owner, lease=lease)
             rows = self.pg.write("job_complete_and_claim", params)

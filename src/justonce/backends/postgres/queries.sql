@@ -16,11 +16,12 @@ WITH v AS (
     SELECT COALESCE(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second') AS due
 ), ins AS (
     INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at,
-                               max_attempts, timeout, key, partition_key, partition_hash)
+                               max_attempts, timeout, key, partition_key, batch_item,
+                               partition_hash)
     SELECT %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
            CASE WHEN v.due > now() THEN 'scheduled' ELSE 'ready' END,
            %(priority)s, v.due, %(max_attempts)s, %(timeout)s, %(key)s, %(partition_key)s,
-           %(partition_hash)s
+           %(batch_item)s, %(partition_hash)s
       FROM v
     ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
     DO NOTHING

@@ -7,18 +7,6 @@
 
 -- name: job_insert
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
-                           timeout, key, partition_key, partition_hash, created_at)
-VALUES (:queue, :task, :args, :kwargs,
-        CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
-        :priority, COALESCE(:run_at, NOW() + :delay), :max_attempts, :timeout, :key,
-        :partition_key, :partition_hash, NOW())
-ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
-DO NOTHING
-RETURNING id, state, run_at, created_at
-
--- name: job_insert_id
--- dialect-only: one row at a time (Dialect.insert_rows' default)
-INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, key, partition_key, batch_item, partition_hash, created_at)
 VALUES (:queue, :task, :args, :kwargs,
         CASE WHEN COALESCE(:run_at, NOW() + :delay) > NOW() THEN 'scheduled' ELSE 'ready' END,
@@ -26,7 +14,7 @@ VALUES (:queue, :task, :args, :kwargs,
         :partition_key, :batch_item, :partition_hash, NOW())
 ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('scheduled','ready','running')
 DO NOTHING
-RETURNING id
+RETURNING id, state, run_at, created_at
 
 -- name: job_insert_pairs
 -- dialect-only: SQLite's bulk insert of calls (Dialect.insert_calls)
