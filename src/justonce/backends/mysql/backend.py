@@ -77,6 +77,8 @@ DUPLICATE = 1062
 GONE = {2003, 2006, 2013, 2014, 2055, 1927, 4031}
 """Client and server codes of a connection that is lost or unusable: thrown away."""
 DEADLOCK_RETRIES = 8
+IDLE_IN_TRANSACTION = 10
+"""Seconds MariaDB lets one of our sessions sit idle inside a transaction before ending it."""
 JOB_COLUMNS_JSON = ("args", "kwargs", "errors", "result")
 JOB_COLUMNS_TIME = ("run_at", "created_at", "started_at", "finished_at", "lease_expires_at")
 
@@ -234,6 +236,14 @@ class MySQLDialect(Dialect):
             cur.execute("SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,"
                         "NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
                         "NO_ENGINE_SUBSTITUTION'")
+            try:
+                # Our own transactions never wait on us for long: a process frozen inside
+                # one (SIGSTOP, a paused VM) would keep its row locks, and other workers'
+                # SKIP LOCKED claims would skip those jobs, until it ran again. MariaDB ends
+                # such a session; MySQL 8 has no such setting (README).
+                cur.execute("SET SESSION idle_transaction_timeout = %s", (IDLE_IN_TRANSACTION,))
+            except pymysql.err.MySQLError:
+                pass
         return conn
 
     def _get_pool(self) -> _Pool:
@@ -282,7 +292,8 @@ class MySQLDialect(Dialect):
                         conn.rollback()
                     if id(conn) in self._guarded:
                         with conn.cursor() as cur:
-                            cur.execute("SET SESSION idle_transaction_timeout = 0")
+                            cur.execute("SET SESSION idle_transaction_timeout = %s",
+                                        (IDLE_IN_TRANSACTION,))
                 except pymysql.err.MySQLError:
                     broken = True
             self._guarded.discard(id(conn))
@@ -353,7 +364,7 @@ class MySQLDialect(Dialect):
         if not self.mariadb:
             return  # MySQL 8 has no such setting: the README names the limit
         # MariaDB's idle_transaction_timeout (whole seconds), set for this transaction and
-        # cleared when the connection goes back to the pool (_connection).
+        # put back to IDLE_IN_TRANSACTION when the connection goes back to the pool.
         with c.cursor() as cur:
             cur.execute("SET SESSION idle_transaction_timeout = %s", (max(1, math.ceil(idle_limit)),))
         self._guarded.add(id(c))
