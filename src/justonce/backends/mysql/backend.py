@@ -71,6 +71,27 @@ def _statements(text: str) -> list[str]:
 
 STATEMENTS = {name: _statements(text) for name, text in Q.items()}
 
+
+def _segments(statements: list[str]) -> list[list[str]]:
+    """The statements of a block in round trips: a new one starts only after a SELECT
+    whose rows later statements use (``%(picked)s``). A segment never runs a write after
+    a statement that could end the block (a SELECT, or another write): what follows such a
+    statement in its segment is read-only, and its results are dropped when the block ends."""
+    segments: list[list[str]] = [[]]
+    for i, statement in enumerate(statements):
+        segments[-1].append(statement)
+        if _SELECT.match(statement) and any("%(picked)s" in s for s in statements[i + 1:]):
+            segments.append([])
+    segments = [s for s in segments if s]
+    for segment in segments:
+        for j, statement in enumerate(segment):
+            if _WRITE.match(statement) and any(_SELECT.match(s) or _WRITE.match(s) for s in segment[:j]):
+                raise AssertionError(f"a write after a possible end of the block: {statement[:60]}")
+    return segments
+
+
+SEGMENTS = {name: _segments(statements) for name, statements in STATEMENTS.items()}
+
 DEADLOCK = 1213
 LOCK_WAIT = 1205
 DUPLICATE = 1062
@@ -211,6 +232,8 @@ class MySQLDialect(Dialect):
         self._pool: _Pool | None = None
         self._lock = threading.Lock()
         self._schema_ok = False
+        self._begin: set[int] = set()
+        """ids of our connections whose transaction begins with their next statement."""
         self._guarded: set[int] = set()
         """ids of pooled connections whose idle_transaction_timeout is set."""
         self.mariadb = True
@@ -225,7 +248,7 @@ class MySQLDialect(Dialect):
                 connect_timeout=max(1, int(self.connect_timeout)),
                 # No FOUND_ROWS: an UPDATE reports the rows it changed, not those it matched
                 # (a no-op upsert must count 0).
-                client_flag=CLIENT.MULTI_RESULTS,
+                client_flag=CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS,
             )
         except pymysql.err.MySQLError as exc:
             raise DatabaseUnavailable(
@@ -320,17 +343,35 @@ class MySQLDialect(Dialect):
         args = {k: _param(v) for k, v in params.items()}
         result: list[Any] = []
         names: list[str] = []
+        # On our own connections (MULTI_STATEMENTS) each segment is one round trip, and the
+        # BEGIN of a transaction of ours rides with its first statement; a caller's
+        # connection gets one statement per round trip.
+        if c.client_flag & CLIENT.MULTI_STATEMENTS:
+            segments = SEGMENTS[name]
+        else:
+            segments = [[s] for s in STATEMENTS[name]]
         with c.cursor() as cur:
-            for statement in STATEMENTS[name]:
-                count = cur.execute(statement, args)
-                if _SELECT.match(statement):
-                    result = list(cur.fetchall())
-                    if not result:
+            for segment in segments:
+                if id(c) in self._begin:
+                    self._begin.discard(id(c))
+                    segment = ["BEGIN", *segment]
+                cur.execute(";\n".join(segment), args)
+                for k, statement in enumerate(segment):
+                    if k:
+                        cur.nextset()
+                    stop = False
+                    if _SELECT.match(statement):
+                        result = list(cur.fetchall())
+                        stop = not result
+                        if result:
+                            names = [d[0] for d in cur.description or ()]
+                            args["picked"] = tuple(r[0] for r in result)
+                    elif _WRITE.match(statement) and cur.rowcount == 0:
+                        stop = True
+                    if stop:
+                        while cur.nextset():  # the rest of the segment: read-only, dropped
+                            pass
                         return []
-                    names = [d[0] for d in cur.description or ()]
-                    args["picked"] = tuple(r[0] for r in result)
-                elif _WRITE.match(statement) and count == 0:
-                    return []
         if dicts:
             return [_decode(dict(zip(names, r, strict=True))) for r in result]
         return result
@@ -395,14 +436,18 @@ class MySQLDialect(Dialect):
     def _own_tx(self, fn: Callable[[pymysql.Connection], T]) -> T:
         with self._connection() as c:
             def once() -> T:
-                c.begin()
+                self._begin.add(id(c))  # BEGIN goes with the first statement (_run)
                 try:
                     result = fn(c)
                 except BaseException:
+                    self._begin.discard(id(c))
                     if c.open:
                         c.rollback()
                     raise
-                c.commit()
+                if id(c) in self._begin:  # nothing ran: nothing to commit
+                    self._begin.discard(id(c))
+                else:
+                    c.commit()
                 return result
 
             return self._retry_deadlock(once)
