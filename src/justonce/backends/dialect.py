@@ -84,6 +84,21 @@ class Dialect:
         the dialect has (Postgres: one autocommit round trip)."""
         return self.tx(None, lambda c: self.rows(c, name, params))
 
+    def write_guarded(self, name: str, params: dict[str, Any], idle_limit: float) -> list[Any]:
+        """``write`` for a statement that holds locks others wait on (a partitioned claim
+        holds its slots): where the dialect runs it as several statements in one
+        transaction, a session left idle inside it longer than ``idle_limit`` seconds (its
+        process froze) is ended by the server, which releases the locks."""
+        def run(c: Any) -> list[Any]:
+            self.guard_idle(c, idle_limit)
+            return self.rows(c, name, params)
+
+        return self.tx(None, run)
+
+    def guard_idle(self, c: Any, idle_limit: float) -> None:
+        """In ``c``'s open transaction: the server ends the session if it stays idle in this
+        transaction longer than ``idle_limit`` s. Default: nothing (no such setting)."""
+
     def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self.tx(None, lambda c: self.dicts(c, name, params))
 

@@ -224,7 +224,11 @@ class Store:
         if (partitions is None and self.d.claim_precheck
                 and not self.d.read("job_any_ready", {"queue": queue})):
             return []
-        return claimed_jobs(self.d.write(*self.claim_params(queue, limit, owner, lease, partitions)))
+        name, params = self.claim_params(queue, limit, owner, lease, partitions)
+        if partitions is not None:
+            # The claim holds its slots' rows until it commits: see Dialect.write_guarded.
+            return claimed_jobs(self.d.write_guarded(name, params, lease))
+        return claimed_jobs(self.d.write(name, params))
 
     def completion_params(self, done: Sequence[Completion]) -> dict[str, Any]:
         return {
@@ -260,6 +264,8 @@ class Store:
         # One transaction: the claim must see the completions (the next job of a
         # partition key becomes claimable when the previous one is done).
         def run(c: Any) -> tuple[set[int], list[Any]]:
+            if partitions is not None:
+                self.d.guard_idle(c, lease)  # see Dialect.write_guarded
             return self.complete_items(c, done), self.d.rows(c, name, claim)
 
         accepted, rows = self.d.tx(None, run)

@@ -209,6 +209,8 @@ class MySQLDialect(Dialect):
         self._pool: _Pool | None = None
         self._lock = threading.Lock()
         self._schema_ok = False
+        self._guarded: set[int] = set()
+        """ids of pooled connections whose idle_transaction_timeout is set."""
         self.mariadb = True
         self.consecutive_ids = True
         """Multi-row inserts draw consecutive ids (innodb_autoinc_lock_mode 0 or 1)."""
@@ -274,11 +276,16 @@ class MySQLDialect(Dialect):
             broken = True  # interrupted mid-conversation: the protocol state is unknown
             raise
         finally:
-            if not broken and conn.open and conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
+            if not broken and conn.open:
                 try:
-                    conn.rollback()
+                    if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
+                        conn.rollback()
+                    if id(conn) in self._guarded:
+                        with conn.cursor() as cur:
+                            cur.execute("SET SESSION idle_transaction_timeout = 0")
                 except pymysql.err.MySQLError:
                     broken = True
+            self._guarded.discard(id(conn))
             pool.put(conn, broken)
 
     def _ensure_schema(self) -> None:
@@ -341,6 +348,15 @@ class MySQLDialect(Dialect):
             with self._connection() as c:
                 return self._retry_deadlock(lambda: self._run(c, name, params))
         return self.tx(None, lambda c: self._run(c, name, params))
+
+    def guard_idle(self, c: pymysql.Connection, idle_limit: float) -> None:
+        if not self.mariadb:
+            return  # MySQL 8 has no such setting: the README names the limit
+        # MariaDB's idle_transaction_timeout (whole seconds), set for this transaction and
+        # cleared when the connection goes back to the pool (_connection).
+        with c.cursor() as cur:
+            cur.execute("SET SESSION idle_transaction_timeout = %s", (max(1, math.ceil(idle_limit)),))
+        self._guarded.add(id(c))
 
     def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self.tx(None, lambda c: self._run(c, name, params, dicts=True))

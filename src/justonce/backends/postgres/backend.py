@@ -316,6 +316,11 @@ class PostgresDialect(Dialect):
         # One statement in autocommit mode is a transaction of its own: one round trip.
         return self._fetch(name, params)
 
+    def write_guarded(self, name: str, params: dict[str, Any], idle_limit: float) -> list[Any]:
+        # One statement in autocommit mode: it commits before its answer is sent, so a
+        # client that freezes holds nothing.
+        return self._fetch(name, params)
+
     def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self._fetch(name, params, dicts=True)
 

@@ -311,6 +311,11 @@ class SQLiteDialect(Dialect):
     def write(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._write(lambda c: c.execute(Q[name], _params(params)).fetchall())
 
+    def write_guarded(self, name: str, params: dict[str, Any], idle_limit: float) -> list[Any]:
+        # No server to end a frozen session: a process frozen inside a write transaction
+        # stalls the file (the README's SQLite limit).
+        return self.write(name, params)
+
     def write_count(self, name: str, params: dict[str, Any]) -> int:
         return self._write(lambda c: c.execute(Q[name], _params(params)).rowcount)
 
