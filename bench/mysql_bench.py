@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import platform
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -50,102 +48,19 @@ from typing import Any
 from mysql_common import (
     JustonceSystem,
     RawSystem,
+    Workers,
     connect,
+    count,
+    exactly_once,
     fresh_database,
     log,
     merge_traps,
     pct,
     server_version,
+    wait_drained,
 )
 
 DEFAULT_SERVER = os.environ.get("JUSTONCE_BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
-
-
-class Workers:
-    """``count`` worker processes of one system, started together on a common "go"."""
-
-    def __init__(self, system: Any, count: int, tmp: str) -> None:
-        target, args = system.worker()
-        ctx = mp.get_context("spawn")
-        self.ready = [ctx.Event() for _ in range(count)]
-        self.go = ctx.Event()
-        self.outs = [os.path.join(tmp, f"{system.name}-{i}-{time.monotonic_ns()}.json") for i in range(count)]
-        self.procs = [ctx.Process(target=target, args=(*args, self.outs[i], self.ready[i], self.go),
-                                  daemon=True) for i in range(count)]
-
-    def start(self) -> None:
-        for p in self.procs:
-            p.start()
-        for e in self.ready:
-            if not e.wait(60):
-                raise RuntimeError("a worker did not start within 60 s")
-        self.go.set()
-
-    def alive(self) -> bool:
-        return all(p.exitcode is None for p in self.procs)
-
-    def stop(self) -> tuple[list[tuple[int, float]], list[str], list[dict[str, Any]], int]:
-        """SIGTERM, join; (records, errors, traps, raw deadlocks retried)."""
-        errors: list[str] = []
-        for p in self.procs:
-            if p.exitcode is None and p.pid is not None:
-                os.kill(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            p.join(60)
-            if p.exitcode is None:
-                p.kill()
-                p.join()
-                errors.append(f"pid {p.pid} killed after 60 s grace")
-        records: list[tuple[int, float]] = []
-        traps: list[dict[str, Any]] = []
-        deadlocks = 0
-        for i, out in enumerate(self.outs):
-            try:
-                with open(out) as f:
-                    o = json.load(f)
-            except FileNotFoundError:
-                errors.append(f"worker {i}: no output")
-                continue
-            records.extend((int(s), float(t)) for s, t in o["records"])
-            if o.get("error"):
-                errors.append(o["error"])
-            if "trap" in o:
-                traps.append(o["trap"])
-            deadlocks += o.get("deadlocks", 0)
-        return records, errors, traps, deadlocks
-
-    def kill(self) -> None:
-        for p in self.procs:
-            if p.exitcode is None:
-                p.kill()
-
-
-def exactly_once(records: list[tuple[int, float]], n: int) -> tuple[int, int, dict[int, float]]:
-    first: dict[int, float] = {}
-    dups = 0
-    for s, t in records:
-        if s in first:
-            dups += 1
-        else:
-            first[s] = t
-    return dups, sum(1 for s in range(n) if s not in first), first
-
-
-def count(conn: Any, sql: str) -> int:
-    with conn.cursor() as cur:
-        cur.execute(sql)
-        return int(cur.fetchone()[0])
-
-
-def wait_drained(mon: Any, system: Any, workers: Workers, timeout: float, poll: float) -> float | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if count(mon, system.pending_sql) == 0:
-            return time.time()
-        if not workers.alive():
-            return None
-        time.sleep(poll)
-    return None
 
 
 def finish(res: dict[str, Any], mon: Any, system: Any, workers: Workers, n: int) -> dict[int, float]:
@@ -234,7 +149,8 @@ def w2(system: Any, args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                     time.sleep(delay)
                 t_enq[s] = time.time()
                 system.enqueue_one(s)
-            if wait_drained(mon, system, workers, args.timeout, args.poll) is None:
+            # an idle worker that stopped taking jobs shows up here: do not wait 10 minutes
+            if wait_drained(mon, system, workers, min(args.timeout, 120.0), args.poll) is None:
                 res["timed_out"] = True
         finally:
             system.close()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
@@ -131,8 +133,8 @@ class ErrorTrap(logging.Handler):
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string is still a record
             text = str(record.msg)
-        if exc is not None:
-            text += f" | {type(exc).__name__}: {exc}"
+        if record.exc_info and exc is not None:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
         self.count(f"log {record.name} {record.levelname}", exc, text)
 
     def note(self, source: str, exc: BaseException | None) -> None:
@@ -162,6 +164,94 @@ def merge_traps(dumps: list[dict[str, Any]]) -> dict[str, Any]:
         out["samples"].extend(d.get("samples", [])[: max(0, 8 - len(out["samples"]))])
     out["total"] = sum(out["counts"].values())
     return out
+
+
+# ---- worker processes and their records ----------------------------------------------------
+class Workers:
+    """``count`` worker processes of one system, started together on a common "go"."""
+
+    def __init__(self, system: Any, count: int, tmp: str) -> None:
+        target, args = system.worker()
+        ctx = mp.get_context("spawn")
+        self.ready = [ctx.Event() for _ in range(count)]
+        self.go = ctx.Event()
+        self.outs = [os.path.join(tmp, f"{system.name}-{i}-{time.monotonic_ns()}.json") for i in range(count)]
+        self.procs = [ctx.Process(target=target, args=(*args, self.outs[i], self.ready[i], self.go),
+                                  daemon=True) for i in range(count)]
+
+    def start(self) -> None:
+        for p in self.procs:
+            p.start()
+        for e in self.ready:
+            if not e.wait(60):
+                raise RuntimeError("a worker did not start within 60 s")
+        self.go.set()
+
+    def alive(self) -> bool:
+        return all(p.exitcode is None for p in self.procs)
+
+    def stop(self) -> tuple[list[tuple[int, float]], list[str], list[dict[str, Any]], int]:
+        """SIGTERM, join; (records, errors, traps, raw deadlocks retried)."""
+        errors: list[str] = []
+        for p in self.procs:
+            if p.exitcode is None and p.pid is not None:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            p.join(60)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+                errors.append(f"pid {p.pid} killed after 60 s grace")
+        records: list[tuple[int, float]] = []
+        traps: list[dict[str, Any]] = []
+        deadlocks = 0
+        for i, out in enumerate(self.outs):
+            try:
+                with open(out) as f:
+                    o = json.load(f)
+            except FileNotFoundError:
+                errors.append(f"worker {i}: no output")
+                continue
+            records.extend((int(s), float(t)) for s, t in o["records"])
+            if o.get("error"):
+                errors.append(o["error"])
+            if "trap" in o:
+                traps.append(o["trap"])
+            deadlocks += o.get("deadlocks", 0)
+        return records, errors, traps, deadlocks
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+
+
+def exactly_once(records: list[tuple[int, float]], n: int) -> tuple[int, int, dict[int, float]]:
+    first: dict[int, float] = {}
+    dups = 0
+    for s, t in records:
+        if s in first:
+            dups += 1
+        else:
+            first[s] = t
+    return dups, sum(1 for s in range(n) if s not in first), first
+
+
+def count(conn: Any, sql: str) -> int:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return int(cur.fetchone()[0])
+
+
+def wait_drained(mon: Any, system: Any, workers: Workers, timeout: float, poll: float) -> float | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if count(mon, system.pending_sql) == 0:
+            return time.time()
+        if not workers.alive():
+            return None
+        time.sleep(poll)
+    return None
 
 
 # ---- the raw-SQL reference ------------------------------------------------------------------
