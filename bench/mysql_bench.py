@@ -231,6 +231,12 @@ def report(rows: list[dict[str, Any]], systems: list[str], repeats: int) -> str:
                    f"{ratio(median(j1, 'enqueue_bulk_per_s'), median(r1, 'enqueue_bulk_per_s'))} | "
                    f"{ratio(median(j1, 'enqueue_per_s'), median(r1, 'enqueue_per_s'))} | "
                    f"{ratio(median(j2, 'p99_ms'), median(r2, 'p99_ms'))} |")
+    b1 = sel("raw_mysql_b100", "W1_throughput")
+    for label, key in (("processed", "process_per_s"), ("bulk enqueue", "enqueue_bulk_per_s")):
+        jv, rv = median(j1, key), median(b1, key)
+        if jv is not None and rv:
+            out.append(f"\ntarget {label} >= 0.5 x raw_mysql_b100: {jv / rv:.2f} "
+                       f"({'met' if jv / rv >= 0.5 else 'NOT met'})")
     return "\n".join(out)
 
 
@@ -268,6 +274,7 @@ def main() -> int:
 
     def emit(r: dict[str, Any], rnd: int) -> None:
         r.update({"round": rnd, "server": version, "nproc": os.cpu_count(),
+                  "loadavg_1m": round(os.getloadavg()[0], 2),
                   "python": platform.python_version(), "label": args.label})
         line = json.dumps(r)
         print(line, flush=True)
