@@ -235,7 +235,7 @@ def report(rows: list[dict[str, Any]], systems: list[str], repeats: int) -> str:
     for label, key in (("processed", "process_per_s"), ("bulk enqueue", "enqueue_bulk_per_s")):
         jv, rv = median(j1, key), median(b1, key)
         if jv is not None and rv:
-            out.append(f"\ntarget {label} >= 0.5 x raw_mysql_b100: {jv / rv:.2f} "
+            out.append(f"\ntarget {label} >= 0.5 x raw_mysql_b100: {jv / rv:.3f} "
                        f"({'met' if jv / rv >= 0.5 else 'NOT met'})")
     return "\n".join(out)
 
