@@ -161,11 +161,14 @@ class Dialect:
                     params: Callable[[NewJob], dict[str, Any]]) -> list[int | None]:
         """Insert jobs that differ in their options; each one's id in input order, None for
         a job whose key a live job holds. Default: ``job_insert_id`` once per job (no
-        multi-row insert reports which rows a unique key refused)."""
-        out: list[int | None] = []
-        for job in jobs:
-            rows = self.rows(c, "job_insert_id", params(job))
-            out.append(int(rows[0][0]) if rows else None)
+        multi-row insert reports which rows a unique key refused), keyed jobs first in key
+        order: two bulk inserts of the same keys lock them in the same order, so they
+        cannot deadlock on each other."""
+        out: list[int | None] = [None] * len(jobs)
+        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].key is None, jobs[i].key or "", i))
+        for i in order:
+            rows = self.rows(c, "job_insert_id", params(jobs[i]))
+            out[i] = int(rows[0][0]) if rows else None
         return out
 
     def insert_calls(self, c: Any, params: dict[str, Any], args_doc: str,

@@ -20,6 +20,8 @@ def connect(url: str) -> Any:
         conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout=30000")
         return conn
+    if url.split(":", 1)[0] in ("mysql", "mariadb"):
+        return MySQLConnection(url)
     import psycopg
 
     from ..backends.postgres.backend import parse_postgres_url
@@ -28,6 +30,39 @@ def connect(url: str) -> Any:
     if schema:
         return psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}")
     return psycopg.connect(conninfo, autocommit=True)
+
+
+class MySQLConnection:
+    """PyMySQL with the shape the demos use of sqlite3 and psycopg connections:
+    ``execute`` returns a cursor; ``%s`` placeholders; autocommit."""
+
+    def __init__(self, url: str) -> None:
+        import pymysql
+
+        from ..backends.mysql.backend import parse_mysql_url
+
+        kwargs, _ = parse_mysql_url(url)
+        self.conn = pymysql.connect(**kwargs, autocommit=True, charset="utf8mb4")
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        cur = self.conn.cursor()
+        cur.execute(sql, tuple(params) or None)
+        return cur
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        cur = self.conn.cursor()
+        cur.executemany(sql, rows)  # PyMySQL sends INSERT … VALUES rows as multi-row inserts
+        return cur
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def dialect(conn: Any) -> str:
+    """"sqlite", "mysql" or "postgres": for the demos' few dialect-specific statements."""
+    if isinstance(conn, sqlite3.Connection):
+        return "sqlite"
+    return "mysql" if isinstance(conn, MySQLConnection) else "postgres"
 
 
 def stop_workers(procs: Sequence[subprocess.Popen[Any]], wait: float = 30) -> None:

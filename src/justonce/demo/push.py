@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..tasks import Enqueue
-from . import connect, stop_workers
+from . import connect, dialect, stop_workers
 from .push_app import SMTP_ENV, app, send_push_email
 
 CITIES = [("Sydney", -33.8688, 151.2093, 0.40), ("Melbourne", -37.8136, 144.9631, 0.25),
@@ -82,8 +82,8 @@ def _sql(conn: Any, text: str) -> str:
 
 
 def create_schema(conn: Any, n_users: int, seed: int) -> None:
-    pg = not isinstance(conn, sqlite3.Connection)
-    real, js = ("float8", "jsonb") if pg else ("REAL", "TEXT")
+    kind = dialect(conn)
+    real, js = {"postgres": ("float8", "jsonb"), "mysql": ("DOUBLE", "JSON")}.get(kind, ("REAL", "TEXT"))
     for table in ("demo_users", "demo_lists", "demo_pushes"):
         conn.execute(f"DROP TABLE IF EXISTS {table}")
     conn.execute(f"CREATE TABLE demo_users (id integer PRIMARY KEY, email text NOT NULL, "
@@ -93,7 +93,10 @@ def create_schema(conn: Any, n_users: int, seed: int) -> None:
     conn.execute(f"CREATE TABLE demo_pushes (id integer PRIMARY KEY, name text NOT NULL, "
                  f"list_id integer NOT NULL, variants {js} NOT NULL, winner text)")
     rows = list(_users(n_users, seed))
-    if pg:
+    if kind == "mysql":
+        for i in range(0, len(rows), 5000):
+            conn.executemany("INSERT INTO demo_users VALUES (%s, %s, %s, %s, %s)", rows[i:i + 5000])
+    elif kind == "postgres":
         with conn.cursor().copy("COPY demo_users (id, email, lat, lon, interests) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)

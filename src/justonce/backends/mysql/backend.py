@@ -362,6 +362,8 @@ class MySQLDialect(Dialect):
         return self.tx(None, lambda c: self._run(c, name, params, dicts=True))
 
     def write_count(self, name: str, params: dict[str, Any]) -> int:
+        if len(STATEMENTS[name]) > 1:  # lock, then write: the rows its SELECT picked
+            return len(self.write(name, params))
         args = {k: _param(v) for k, v in params.items()}
         (statement,) = STATEMENTS[name]
         with self._connection() as c, c.cursor() as cur:
