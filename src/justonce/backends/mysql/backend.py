@@ -133,6 +133,10 @@ def _redact(url: str) -> str:
     return url
 
 
+_MARK = "\x01justonce-row-part\x01"
+"""Stands for a per-row value while job_insert_row's constant part is rendered."""
+
+
 def _param(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return json.dumps(value, separators=(",", ":"))
@@ -339,7 +343,9 @@ class MySQLDialect(Dialect):
 
     # -- the block runner ---------------------------------------------------------------------------
     def _run(self, c: pymysql.Connection, name: str, params: dict[str, Any],
-             dicts: bool = False) -> list[Any]:
+             dicts: bool = False, splice: str | None = None) -> list[Any]:
+        """Run a block (see the module docstring). ``splice``: SQL the dialect rendered
+        itself (job_insert_values' rows), put in place of ``/*rows*/``."""
         args = {k: _param(v) for k, v in params.items()}
         result: list[Any] = []
         names: list[str] = []
@@ -355,7 +361,10 @@ class MySQLDialect(Dialect):
                 if id(c) in self._begin:
                     self._begin.discard(id(c))
                     segment = ["BEGIN", *segment]
-                cur.execute(";\n".join(segment), args)
+                text = ";\n".join(segment)
+                if splice is not None:
+                    text = text.replace("/*rows*/", splice.replace("%", "%%"))
+                cur.execute(text, args)
                 for k, statement in enumerate(segment):
                     if k:
                         cur.nextset()
@@ -605,14 +614,31 @@ class MySQLDialect(Dialect):
                        "batch_item": None if prefix is None else f"{prefix}{i}"}
                 out.append(int(self._run(c, "job_insert", row)[0][0]))
             return out
-        pairs = zip(json.loads(args_doc), json.loads(kwargs_doc), strict=True)
-        doc = json.dumps([[a, k] for a, k in pairs], separators=(",", ":"))
-        rows = self._run(c, "job_insert_pairs", {**params, "rows": doc})
-        if not rows:
+        args, kwargs = json.loads(args_doc), json.loads(kwargs_doc)
+        if len(args) != len(kwargs):
+            raise InvalidOption("args and kwargs lists differ in length")
+        if not args:
             return []
-        first, count = int(rows[0][0]), int(rows[0][1])
-        # One INSERT … SELECT under innodb_autoinc_lock_mode 0 or 1 draws consecutive ids,
-        # in the SELECT's order (ORDER BY ordinality).
+        # The row's constant part is rendered once; only the arguments (and the item) are
+        # escaped per row.
+        marked = {**{k: _param(v) for k, v in params.items()},
+                  "args": _MARK, "kwargs": _MARK, "batch_item": _MARK}
+        with c.cursor() as cur:
+            parts = cur.mogrify(Q["job_insert_row"], marked).split(c.escape(_MARK))
+        if len(parts) != 4:
+            raise AssertionError("job_insert_row must name args, kwargs and batch_item once")
+        prefix = params.get("item_prefix")
+        dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        rows = ",".join(
+            f"{parts[0]}{c.escape(dumps(a))}{parts[1]}{c.escape(dumps(k))}{parts[2]}"
+            f"{'NULL' if prefix is None else c.escape(f'{prefix}{i}')}{parts[3]}"
+            for i, (a, k) in enumerate(zip(args, kwargs, strict=True)))
+        got = self._run(c, "job_insert_values", params, splice=rows)
+        first, count = int(got[0][0]), int(got[0][1])
+        if count != len(args):
+            raise DatabaseUnavailable(f"bulk insert wrote {count} of {len(args)} jobs")
+        # One multi-row INSERT under innodb_autoinc_lock_mode 0 or 1 draws consecutive ids,
+        # in row order.
         return list(range(first, first + count))
 
     # -- schema, clock, waiting --------------------------------------------------------------------------

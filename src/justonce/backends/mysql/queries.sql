@@ -49,28 +49,25 @@ VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
 ON DUPLICATE KEY UPDATE id = id;
 SELECT id, state, run_at, created_at, NULL FROM justonce_jobs WHERE id = LAST_INSERT_ID();
 
--- name: job_insert_pairs
+-- name: job_insert_values
 -- dialect-only: MySQL's bulk insert of calls (MySQLDialect.insert_calls)
--- One task, one set of options, no keys: one row per [args, kwargs] pair of %(rows)s, in
--- their order; with %(item_prefix)s, job i is item prefix || i. One JSON list of pairs, not
--- two lists joined by position (a join of two JSON_TABLEs costs 1.0 s against 0.39 s for
--- 10,000 rows on MariaDB). Returns (first id, rows): the ids are consecutive under
+-- One task, one set of options, no keys: one multi-row INSERT, whose /*rows*/ the dialect
+-- replaces with one job_insert_row per job (rendered and escaped by the driver, as a plain
+-- multi-row insert is: 1.6 x the jobs/s of INSERT … SELECT FROM JSON_TABLE here). Returns
+-- (first id, rows): a multi-row insert draws consecutive ids, in row order, under
 -- innodb_autoinc_lock_mode 0 or 1.
+SET @justonce_due = COALESCE(CAST(%(run_at)s AS DATETIME(6)),
+                             NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND);
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, partition_key, batch_item, partition_hash)
-SELECT %(queue)s, %(task)s, r.a, r.k,
-       CASE WHEN COALESCE(CAST(%(run_at)s AS DATETIME(6)),
-                          NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND) > NOW(6)
-            THEN 'scheduled' ELSE 'ready' END,
-       %(priority)s,
-       COALESCE(CAST(%(run_at)s AS DATETIME(6)),
-                NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND),
-       %(max_attempts)s, %(timeout)s, %(partition_key)s,
-       CONCAT(%(item_prefix)s, r.ord - 1), %(partition_hash)s
-  FROM JSON_TABLE(%(rows)s, '$[*]' COLUMNS (ord FOR ORDINALITY, a JSON PATH '$[0]',
-                                            k JSON PATH '$[1]')) AS r
- ORDER BY r.ord;
+VALUES /*rows*/;
 SELECT LAST_INSERT_ID(), ROW_COUNT();
+
+-- name: job_insert_row
+-- dialect-only: one row of job_insert_values
+(%(queue)s, %(task)s, %(args)s, %(kwargs)s,
+ IF(@justonce_due > NOW(6), 'scheduled', 'ready'), %(priority)s, @justonce_due,
+ %(max_attempts)s, %(timeout)s, %(partition_key)s, %(batch_item)s, %(partition_hash)s)
 
 -- name: job_live_by_keys
 -- %(keys)s: a JSON list. The list's column compares with the binary collation of live_key.
