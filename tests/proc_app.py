@@ -14,8 +14,11 @@ import os
 import random
 import signal
 import sqlite3
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -28,13 +31,62 @@ LEDGER_DDL = "CREATE TABLE IF NOT EXISTS ledger (n INTEGER NOT NULL, pid INTEGER
 # -- the ledger ---------------------------------------------------------------------------
 
 
+_mysql_class: Any = None
+
+
+def _mysql_connection_class() -> Any:
+    """A PyMySQL connection (so justonce's ``conn=`` check accepts it) that the tests use
+    like the others: ``execute()`` returns a cursor, ``transaction()`` is a block."""
+    global _mysql_class
+    if _mysql_class is None:
+        import pymysql
+
+        class LedgerConnection(pymysql.connections.Connection):  # type: ignore[misc]
+            def execute(self, sql: str, params: Any = None) -> Any:
+                cur = self.cursor()
+                cur.execute(sql, params)
+                return cur
+
+            def executemany(self, sql: str, seq: Any) -> Any:
+                cur = self.cursor()
+                cur.executemany(sql, seq)
+                return cur
+
+            @contextmanager
+            def transaction(self) -> Iterator[Any]:
+                self.begin()
+                try:
+                    yield self
+                except BaseException:
+                    if self.open:
+                        self.rollback()
+                    raise
+                self.commit()
+
+        _mysql_class = LedgerConnection
+    return _mysql_class
+
+
 def ledger_connect(url: str) -> Any:
-    """A new autocommit connection to the database of ``url`` (a justonce URL)."""
+    """A new autocommit connection to the database of ``url`` (a justonce URL). On MySQL in
+    UTC and READ COMMITTED, the settings justonce asks of a caller's connection."""
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
         path = url.split("?", 1)[0][len("sqlite:///"):]
         conn = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout=60000")
+        return conn
+    if parts.scheme in ("mysql", "mariadb"):
+        from justonce.backends.mysql.backend import parse_mysql_url
+
+        kwargs, _ = parse_mysql_url(url)
+        # ssl_disabled: PyMySQL otherwise builds a TLS context from the system's CA bundle
+        # for every connection (~30 ms of CPU), which made a task's first ledger write (one
+        # connection per worker thread) slow enough to skew the workers' batch sizes.
+        conn = _mysql_connection_class()(**kwargs, autocommit=True, charset="utf8mb4",
+                                         connect_timeout=10, ssl_disabled=True)
+        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        conn.execute("SET time_zone = '+00:00'")
         return conn
     import psycopg
 
@@ -46,7 +98,11 @@ def ledger_connect(url: str) -> Any:
 
 
 def _sql(conn: Any, text: str) -> str:
-    return text if isinstance(conn, sqlite3.Connection) else text.replace("?", "%s")
+    """``text`` with ``?`` placeholders, and ``"key"`` quoted the standard way, for ``conn``."""
+    if isinstance(conn, sqlite3.Connection):
+        return text
+    text = text.replace("?", "%s")
+    return text.replace('"key"', "`key`") if dialect(conn) == "mysql" else text
 
 
 def create_ledger(url: str) -> None:
@@ -226,13 +282,40 @@ PARTITION_TABLES = {
         "CREATE TABLE IF NOT EXISTS processed (id bigint NOT NULL, pid int NOT NULL)",
         "CREATE INDEX IF NOT EXISTS processed_id ON processed (id)",
     ],
+    "mysql": [
+        "CREATE TABLE IF NOT EXISTS lease_log (id BIGINT AUTO_INCREMENT PRIMARY KEY, slot INT,"
+        " token BIGINT, pid INT, event VARCHAR(40), expires DOUBLE, at DOUBLE)",
+        "CREATE TABLE IF NOT EXISTS fenced_writes (slot INT, token BIGINT, pid INT, at DOUBLE)",
+        "CREATE TABLE IF NOT EXISTS order_log (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+        " `key` VARCHAR(200), i INT, event VARCHAR(40), pid INT)",
+        "CREATE TABLE IF NOT EXISTS scan_rows (id BIGINT PRIMARY KEY)",
+        "CREATE TABLE IF NOT EXISTS processed (id BIGINT NOT NULL, pid INT NOT NULL,"
+        " INDEX processed_id (id))",
+    ],
 }
 DB_NOW = {"sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
-          "postgres": "extract(epoch from clock_timestamp())"}
+          "postgres": "extract(epoch from clock_timestamp())",
+          # NOW(6) is the time the statement started (not the transaction, unlike Postgres's now())
+          "mysql": "UNIX_TIMESTAMP(NOW(6))"}
 
 
 def dialect(conn: Any) -> str:
-    return "sqlite" if isinstance(conn, sqlite3.Connection) else "postgres"
+    if isinstance(conn, sqlite3.Connection):
+        return "sqlite"
+    pymysql = sys.modules.get("pymysql")
+    if pymysql is not None and isinstance(conn, pymysql.connections.Connection):
+        return "mysql"
+    return "postgres"
+
+
+def integers_sql(lo: int, hi: int) -> str:
+    """A MySQL SELECT of the integers ``lo..hi`` as column ``x``, without a recursive CTE
+    (MySQL 8 stops those at 1,000 levels): a cross join of digits."""
+    width = len(str(hi - lo))
+    digits = " UNION ALL ".join(f"SELECT {d}" + (" AS d" if d == 0 else "") for d in range(10))
+    tables = ", ".join(f"({digits}) AS d{i}" for i in range(width))
+    number = " + ".join(f"d{i}.d * {10 ** i}" for i in range(width))
+    return f"SELECT {lo} + {number} AS x FROM {tables} WHERE {number} <= {hi - lo}"
 
 
 def create_partition_tables(url: str) -> None:
@@ -332,9 +415,11 @@ def _exec(sql: str, params: tuple[Any, ...]) -> None:
 @app.task(queue="ordered")
 def ordered_step(key: str, i: int) -> None:
     """Log its start and end, so the test sees order and overlap per key."""
-    _exec("INSERT INTO order_log (key, i, event, pid) VALUES (?, ?, 'start', ?)", (key, i, os.getpid()))
+    _exec("""INSERT INTO order_log ("key", i, event, pid) VALUES (?, ?, 'start', ?)""",
+          (key, i, os.getpid()))
     time.sleep(0.001)
-    _exec("INSERT INTO order_log (key, i, event, pid) VALUES (?, ?, 'done', ?)", (key, i, os.getpid()))
+    _exec("""INSERT INTO order_log ("key", i, event, pid) VALUES (?, ?, 'done', ?)""",
+          (key, i, os.getpid()))
 
 
 @app.task(queue="scan", max_attempts=10)
@@ -363,7 +448,8 @@ def scan_slot(predicate: str, slot: int, n: int) -> int:
 # -- for the effect tests ---------------------------------------------------------------------
 
 EFFECT_DDL = {"sqlite": "CREATE TABLE IF NOT EXISTS effect_log (k TEXT, pid INTEGER, event TEXT)",
-              "postgres": "CREATE TABLE IF NOT EXISTS effect_log (k text, pid int, event text)"}
+              "postgres": "CREATE TABLE IF NOT EXISTS effect_log (k text, pid int, event text)",
+              "mysql": "CREATE TABLE IF NOT EXISTS effect_log (k VARCHAR(600), pid INT, event VARCHAR(40))"}
 
 
 def create_effect_log(url: str) -> None:
@@ -426,6 +512,10 @@ TAKEOVER_DDL = {
                 " PRIMARY KEY, exec text, n int, key text, pid int, event text, at float8,"
                 " db_at float8, job_id bigint, state text, attempts int, owner text,"
                 " lease_expires float8)",
+    "mysql": "CREATE TABLE IF NOT EXISTS takeover_log (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+             " exec VARCHAR(100), n INT, `key` VARCHAR(200), pid INT, event VARCHAR(40), at DOUBLE,"
+             " db_at DOUBLE, job_id BIGINT, state VARCHAR(20), attempts INT, owner VARCHAR(300),"
+             " lease_expires DOUBLE)",
 }
 # The job's own row as its code starts, found by the job's unique key (a task is not told
 # its job id): NULL columns mean the job was no longer live (it had succeeded elsewhere).
@@ -442,8 +532,15 @@ _TAKEOVER_START = {
                 " j.attempts, j.lease_owner, extract(epoch from j.lease_expires_at)::float8"
                 " FROM (SELECT 1) AS one LEFT JOIN justonce_jobs j"
                 " ON j.key = %s AND j.state IN ('scheduled','ready','running')",
+    # the ledger connection runs in UTC, as justonce's: UNIX_TIMESTAMP reads the DATETIME so
+    "mysql": "INSERT INTO takeover_log (exec, n, `key`, pid, event, at, db_at, job_id, state,"
+             " attempts, owner, lease_expires)"
+             f" SELECT %s, %s, %s, %s, 'start', %s, {DB_NOW['mysql']}, j.id, j.state,"
+             " j.attempts, j.lease_owner, UNIX_TIMESTAMP(j.lease_expires_at)"
+             " FROM (SELECT 1) AS one LEFT JOIN justonce_jobs j"
+             " ON j.`key` = %s AND j.state IN ('scheduled','ready','running')",
 }
-_TAKEOVER_END = ("INSERT INTO takeover_log (exec, n, key, pid, event, at) "
+_TAKEOVER_END = ('INSERT INTO takeover_log (exec, n, "key", pid, event, at) '
                  "VALUES (?, ?, ?, ?, 'end', ?)")
 _executions = itertools.count()
 
@@ -466,8 +563,8 @@ def takeover_rows(url: str) -> list[tuple[Any, ...]]:
     conn = ledger_connect(url)
     try:
         return [tuple(r) for r in conn.execute(
-            "SELECT exec, n, key, pid, event, at, db_at, job_id, state, attempts, owner,"
-            " lease_expires FROM takeover_log ORDER BY id").fetchall()]
+            _sql(conn, 'SELECT exec, n, "key", pid, event, at, db_at, job_id, state, attempts,'
+                       " owner, lease_expires FROM takeover_log ORDER BY id")).fetchall()]
     finally:
         conn.close()
 

@@ -330,6 +330,41 @@ def test_batch_calls_on_a_repeatable_read_connection_are_refused(pg_server_url: 
         _drop_schema(pg_server_url, schema)
 
 
+def test_batch_calls_on_a_repeatable_read_mysql_connection_are_refused() -> None:
+    """MySQL's default level, REPEATABLE READ, on the caller's connection is refused as on
+    Postgres; the pool's own connections are READ COMMITTED whatever the server's default
+    (MariaDB's and MySQL's is REPEATABLE READ)."""
+    import proc_app
+    from conftest import mysql_database, mysql_or_skip
+
+    with mysql_database(mysql_or_skip()) as url:
+        app = App(url)
+        try:
+            app.migrate()
+            batch = app.batches.open()
+            ids = batch.add(2).item_ids()
+            conn = proc_app.ledger_connect(url)
+            conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            conn.autocommit(False)
+            try:
+                with pytest.raises(InvalidOption, match="READ COMMITTED"):
+                    app.batches.ack(ids, conn=conn)
+            finally:
+                conn.close()
+            assert batch.info().acked == 0
+            variable = "tx_isolation" if app.backend.mysql.mariadb else "transaction_isolation"
+            admin = proc_app.ledger_connect(url)
+            try:
+                [(default,)] = admin.execute(f"SELECT @@global.{variable}").fetchall()
+            finally:
+                admin.close()
+            assert default == "REPEATABLE-READ"
+            batch.seal()
+            assert app.batches.ack(ids).completed == (batch.id,)
+        finally:
+            app.close()
+
+
 def test_jobs_enqueued_into_a_batch_join_the_callers_transaction(
     db_url: str, app: App, tasks: dict[str, Any]
 ) -> None:
@@ -480,6 +515,16 @@ def test_a_million_items_take_about_one_bit_each(app: App, db_url: str) -> None:
                 "SELECT count(*), sum(length(bits) + length(group_id) + 5 * 8), "
                 "(SELECT sum(pgsize) FROM dbstat WHERE name = 'justonce_batch_chunks') "
                 "FROM justonce_batch_chunks WHERE batch_id = ?", (batch.id,)).fetchone()
+        elif db_url.startswith("mysql"):
+            # Row data as on SQLite: the bits, the group id and five numbers (ids, counts
+            # and the DATETIME(6)) of at most 8 bytes each; the table's pages from InnoDB's
+            # statistics, brought up to date first.
+            conn.execute("ANALYZE TABLE justonce_batch_chunks").fetchall()
+            row = conn.execute(
+                "SELECT count(*), sum(LENGTH(bits) + LENGTH(group_id) + 5 * 8), "
+                "(SELECT DATA_LENGTH FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+                " AND TABLE_NAME = 'justonce_batch_chunks') "
+                "FROM justonce_batch_chunks WHERE batch_id = %s", (batch.id,)).fetchone()
         else:
             row = conn.execute(
                 "SELECT count(*), sum(pg_column_size(c.*)), "
@@ -587,7 +632,9 @@ def _caller_connection(db_url: str) -> Any:
     import proc_app
 
     conn = proc_app.ledger_connect(db_url)
-    if not db_url.startswith("sqlite"):
+    if db_url.startswith("mysql"):
+        conn.autocommit(False)  # PyMySQL's is a method
+    elif not db_url.startswith("sqlite"):
         conn.autocommit = False
     return conn
 

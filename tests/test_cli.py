@@ -84,7 +84,8 @@ def test_bad_input_gets_one_line_and_a_non_zero_exit(db_url: str, args, needle) 
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("url", ["nonsense", "mysql://x/y", "sqlite:////no/such/dir/x.db"])
+@pytest.mark.parametrize("url", ["nonsense", "oracle://x/y", "mysql://x/y/z", "mysql://x/y?colour=blue",
+                                 "sqlite:////no/such/dir/x.db"])
 def test_bad_database_url_is_one_line(url: str) -> None:
     result = run("status", "--database-url", url, ok=False)
     assert result.exit_code == 1
@@ -92,10 +93,11 @@ def test_bad_database_url_is_one_line(url: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("Error: ConfigurationError")
 
 
-def test_database_that_is_down_is_one_line_from_a_real_process() -> None:
+@pytest.mark.parametrize("scheme", ["postgresql://postgres", "mysql://root"])
+def test_database_that_is_down_is_one_line_from_a_real_process(scheme: str) -> None:
     from pgcluster import free_port
 
-    url = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
+    url = f"{scheme}@127.0.0.1:{free_port()}/test"
     proc = subprocess.run([sys.executable, "-m", "justonce", "status", "--database-url", url],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1

@@ -140,8 +140,11 @@ def test_lock_row_locks_the_callers_row_with_a_timeout(app: App, db_url: str) ->
                 with pytest.raises(LockTimeout):
                     app.effects.lock_row(other, "orders", "id", 1, timeout=0.2)
             else:
+                started = time.monotonic()
                 with pytest.raises(LockTimeout), other.transaction():
                     app.effects.lock_row(other, "orders", "id", 1, timeout=0.2)
+                if db_url.startswith("mysql"):  # innodb_lock_wait_timeout is whole seconds
+                    assert 0.9 <= time.monotonic() - started < 5
         with proc_app._Tx(other) as o:
             assert app.effects.lock_row(o, "orders", "id", 1, timeout=0.2)
         for bad in (("orders; drop", "id"), ("orders", "id = 1 --")):
@@ -168,6 +171,12 @@ def test_a_claim_on_the_callers_connection_leaves_its_lock_timeout_alone(app: Ap
             with proc_app._Tx(conn) as c:
                 assert app.effects.claim("t", 1, conn=c, lock_timeout=0.25).claimed
             assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1234
+            return
+        if db_url.startswith("mysql"):  # MySQL's: the session's innodb_lock_wait_timeout
+            conn.execute("SET SESSION innodb_lock_wait_timeout = 7")
+            with conn.transaction():
+                assert app.effects.claim("t", 1, conn=conn, lock_timeout=0.25).claimed
+                assert conn.execute("SELECT @@innodb_lock_wait_timeout").fetchone()[0] == 7
             return
         with conn.transaction():
             conn.execute("SET LOCAL lock_timeout = '123ms'")

@@ -142,6 +142,14 @@ def _own_connection(db_url: str):
         from justonce.backends.sqlite.backend import parse_sqlite_url
 
         return sqlite3.connect(parse_sqlite_url(db_url)[0])
+    if db_url.startswith("mysql"):
+        import proc_app
+
+        conn = proc_app.ledger_connect(db_url)  # PyMySQL's (execute() added for the tests)
+        # as the server gives it to a caller: REPEATABLE READ, autocommit off
+        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.autocommit(False)
+        return conn
     import psycopg
 
     from justonce.backends.postgres.backend import parse_postgres_url

@@ -166,6 +166,8 @@ def test_a_partitioned_scan_of_100000_rows_survives_a_killed_worker(
         if db_url.startswith("sqlite"):
             conn.execute("WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < 100000) "
                          "INSERT INTO scan_rows SELECT x FROM s")
+        elif db_url.startswith("mysql"):
+            conn.execute(f"INSERT INTO scan_rows {proc_app.integers_sql(1, 100000)}")
         else:
             conn.execute("INSERT INTO scan_rows SELECT generate_series(1, 100000)")
     finally:
@@ -236,7 +238,8 @@ def test_jobs_of_one_key_run_strictly_in_order_under_4_partitioned_workers(
             log.close()
     conn = proc_app.ledger_connect(db_url)
     try:
-        events = conn.execute("SELECT key, i, event FROM order_log ORDER BY id").fetchall()
+        sql = proc_app._sql(conn, 'SELECT "key", i, event FROM order_log ORDER BY id')
+        events = conn.execute(sql).fetchall()
     finally:
         conn.close()
     for key in keys:

@@ -90,6 +90,10 @@ SLOTS_SQL = {
     "postgres": "SELECT slot, token, owner, extract(epoch from acquired_at)::float8,"
                 " extract(epoch from expires_at)::float8 FROM justonce_partition_leases"
                 " WHERE set_name = %s",
+    # the ledger connection runs in UTC: UNIX_TIMESTAMP reads the DATETIMEs as justonce wrote them
+    "mysql": "SELECT slot, token, owner, CAST(UNIX_TIMESTAMP(acquired_at) AS DOUBLE),"
+             " CAST(UNIX_TIMESTAMP(expires_at) AS DOUBLE) FROM justonce_partition_leases"
+             " WHERE set_name = %s",
 }
 
 
@@ -290,8 +294,9 @@ class Scenario:
     def starts_since(self, row: int, pid: int, at: float) -> list[str]:
         q = self.q
         return [k for (k,) in self.conn.execute(
-            f"SELECT key FROM takeover_log WHERE id > {q} AND event = 'start' AND pid = {q}"
-            f" AND at >= {q}", (row, pid, at)).fetchall()]
+            proc_app._sql(self.conn, f'SELECT "key" FROM takeover_log WHERE id > {q}'
+                                     f" AND event = 'start' AND pid = {q} AND at >= {q}"),
+            (row, pid, at)).fetchall()]
 
     def leased(self) -> Counter[int]:
         """pid -> jobs it holds leased now: the ones it runs, and those waiting for a free

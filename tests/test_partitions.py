@@ -8,6 +8,8 @@ import string
 import time
 import zlib
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -58,7 +60,7 @@ def test_every_key_lands_in_one_slot_and_python_and_sql_agree(db_url: str) -> No
     agree, integer slots differ by at most one key and string slots stay within 6 % of the
     mean. For n = 2, 7 and 64 the SQL slot of every key is compared with partition_of, and
     for n = 7 every slot's predicate is run: the slots cover every key exactly once."""
-    dialect = "sqlite" if db_url.startswith("sqlite") else "postgres"
+    dialect = db_url.split(":", 1)[0].replace("postgresql", "postgres")
     App(db_url).migrate()  # the Postgres CRC-32 function
     conn = proc_app.ledger_connect(db_url)
     if dialect == "sqlite":
@@ -76,6 +78,10 @@ def test_every_key_lands_in_one_slot_and_python_and_sql_agree(db_url: str) -> No
             conn.executemany("INSERT INTO words (i, w) VALUES (?, ?)", list(enumerate(words)))
             conn.execute("UPDATE words SET crc = justonce_crc32(w)")
             conn.execute("COMMIT")
+        elif dialect == "mysql":  # the database is utf8mb4: CRC32() hashes the UTF-8 bytes
+            conn.execute(f"INSERT INTO ints {proc_app.integers_sql(-500000, 499999)}")
+            conn.executemany("INSERT INTO words (i, w) VALUES (%s, %s)", list(enumerate(words)))
+            conn.execute("UPDATE words SET crc = CRC32(w)")
         else:
             conn.execute("INSERT INTO ints SELECT generate_series(-500000, 499999)")
             with conn.cursor().copy("COPY words (i, w) FROM STDIN") as copy:
@@ -84,7 +90,7 @@ def test_every_key_lands_in_one_slot_and_python_and_sql_agree(db_url: str) -> No
             conn.execute("UPDATE words SET crc = justonce_crc32(convert_to(w, 'UTF8'))")
         ints = range(-500_000, 500_000)
         # Every string's CRC-32 computed in SQL is Python's.
-        sql_crc = [r[0] for r in conn.execute("SELECT crc FROM words ORDER BY i").fetchall()]
+        sql_crc = column(conn, dialect, "crc", "words", order="i")
         assert sql_crc == [zlib.crc32(w.encode()) for w in words]
         for n in range(2, 65):
             expr = slot_expression("id", n, dialect=dialect)
@@ -100,25 +106,47 @@ def test_every_key_lands_in_one_slot_and_python_and_sql_agree(db_url: str) -> No
             assert all(abs(c - mean) <= 0.06 * mean for c in per_word.values()), (n, per_word)
         assert all(partition_of(k, 64) == k % 64 for k in ints)
         for n in (2, 7, 64):  # the SQL slot of every key, against partition_of
-            for key, slot in conn.execute(f"SELECT id, {slot_expression('id', n, dialect=dialect)} FROM ints"):
-                assert slot == partition_of(key, n), (key, n)
+            slots = column(conn, dialect, slot_expression("id", n, dialect=dialect), "ints", order="id")
+            assert_same(slots, [partition_of(k, n) for k in ints], list(ints), n)
             text = slot_expression("w", n, key_type="text", dialect=dialect)
-            for i, slot in conn.execute(f"SELECT i, {text} FROM words"):
-                assert slot == partition_of(words[i], n), (words[i], n)
+            assert_same(column(conn, dialect, text, "words", order="i"),
+                        [partition_of(w, n) for w in words], words, n)
         n = 7  # and the generated predicates themselves, slot by slot: each key in one slot
         seen_ints: Counter[int] = Counter()
         seen_words: Counter[int] = Counter()
         for slot in range(n):
-            seen_ints.update(r[0] for r in conn.execute(
-                f"SELECT id FROM ints WHERE {slot_predicate('id', n, slot, dialect=dialect)}"))
+            pred = slot_predicate("id", n, slot, dialect=dialect)
+            seen_ints.update(column(conn, dialect, "id", "ints", pred))
             pred = slot_predicate("w", n, slot, key_type="text", dialect=dialect)
-            seen_words.update(r[0] for r in conn.execute(f"SELECT i FROM words WHERE {pred}"))
+            seen_words.update(column(conn, dialect, "i", "words", pred))
         assert len(seen_ints) == len(ints) and set(seen_ints.values()) == {1}
         assert len(seen_words) == len(words) and set(seen_words.values()) == {1}
     finally:
         for table in ("ints", "words"):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
         conn.close()
+
+
+def column(conn: Any, dialect: str, expr: str, table: str, where: str = "1 = 1",
+           order: str | None = None) -> list[int]:
+    """The integer values of ``expr`` over the rows of ``table`` that match ``where``. On
+    MySQL as one GROUP_CONCAT text: PyMySQL parses each row in Python, about 10 s for a
+    million rows, while one text of a million numbers comes in a blink."""
+    if dialect == "mysql":
+        conn.execute("SET SESSION group_concat_max_len = 67108864")
+        ordered = f" ORDER BY {order}" if order else ""
+        [(text,)] = conn.execute(
+            f"SELECT GROUP_CONCAT({expr}{ordered}) FROM {table} WHERE {where}").fetchall()
+        return [int(x) for x in text.split(",")] if text else []
+    ordered = f" ORDER BY {order}" if order else ""
+    return [r[0] for r in conn.execute(f"SELECT {expr} FROM {table} WHERE {where}{ordered}")]
+
+
+def assert_same(got: list[int], want: list[int], keys: list[Any], n: int) -> None:
+    """``got == want`` position by position, naming the first key where they differ."""
+    assert len(got) == len(want), (len(got), len(want), n)
+    bad = next((i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w), None)
+    assert bad is None, f"key {keys[bad]!r}, n={n}: SQL slot {got[bad]}, partition_of {want[bad]}"
 
 
 def residue_counts_and_sums(keys: range, n: int) -> dict[int, tuple[int, int]]:
@@ -131,6 +159,68 @@ def residue_counts_and_sums(keys: range, n: int) -> dict[int, tuple[int, int]]:
         count = max(0, (keys.stop - 1 - first) // n + 1)
         out[r] = (count, count * first + n * count * (count - 1) // 2)
     return out
+
+
+AWKWARD_TEXT = [
+    "", " ", "  ", "\t", "0", "a", "a ", "a  ", " a", "A", "ß", "SS", "ss", "ﬀ",
+    "é", "e\u0301", "E\u0301", "Å", "A\u030a", "\u212b",            # precomposed, combining, Kelvin-like
+    "🦀", "👩\u200d👩\u200d👧", "😀 ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "\U0010ffff",        # 4-byte UTF-8
+    "中文", "עברית", "ﻻ", "\u00a0", "\u3000", "x\u200b", "nul\x00in", "\x7f", "line\nbreak",
+    "x" * 512, "é" * 300,
+]
+AWKWARD_INTS = [0, 1, -1, 2, -2, 63, -64, 4095, -4096, 2**31 - 1, -2**31, 2**32, -2**32 - 1,
+                2**53 + 1, -2**53 - 1, 2**62, 2**63 - 1, -2**63 + 1, -2**63]
+
+
+def test_sql_slots_of_awkward_keys_are_partition_of(app: App, db_url: str) -> None:
+    """Empty and blank strings, trailing spaces, case variants, combining marks beside their
+    precomposed forms, 4-byte characters (emoji, astral letters), NUL, and integers up to
+    the ends of 64 bits: the database's slot expression of each, read from a table column,
+    is partition_of's for every n tried. On MySQL the text column is utf8mb4 (the README's
+    requirement), once binary and once case-insensitive with PAD SPACE: the collation does
+    not matter, CRC32() hashes the stored bytes."""
+    dialect = db_url.split(":", 1)[0].replace("postgresql", "postgres")
+    columns = ["w", "v"] if dialect == "mysql" else ["w"]
+    conn = proc_app.ledger_connect(db_url)
+    if dialect == "sqlite":
+        register_sqlite_functions(conn)
+    try:
+        if dialect == "mysql":
+            conn.execute("CREATE TABLE awkward (i INT PRIMARY KEY,"
+                         " w TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,"
+                         " v VARCHAR(600) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci)")
+            conn.execute("CREATE TABLE awkward_ints (i INT PRIMARY KEY, k BIGINT NOT NULL)")
+        else:
+            conn.execute("CREATE TABLE awkward (i integer PRIMARY KEY, w text, v text)")
+            conn.execute("CREATE TABLE awkward_ints (i integer PRIMARY KEY, k bigint NOT NULL)")
+        # Postgres text cannot hold NUL
+        texts = [t for t in AWKWARD_TEXT if dialect != "postgres" or "\x00" not in t]
+        for i, t in enumerate(texts):
+            conn.execute(proc_app._sql(conn, "INSERT INTO awkward (i, w, v) VALUES (?, ?, ?)"), (i, t, t))
+        for i, k in enumerate(AWKWARD_INTS):
+            conn.execute(proc_app._sql(conn, "INSERT INTO awkward_ints (i, k) VALUES (?, ?)"), (i, k))
+        stored = dict(conn.execute("SELECT i, w FROM awkward").fetchall())
+        assert [stored[i] for i in range(len(texts))] == texts  # nothing trimmed or folded
+        for n in (1, 2, 3, 7, 10, 64, 1000, 4096):
+            for col in columns:
+                expr = slot_expression(col, n, key_type="text", dialect=dialect)
+                got = dict(conn.execute(f"SELECT i, {expr} FROM awkward").fetchall())
+                assert {i: int(s) for i, s in got.items()} == {
+                    i: partition_of(t, n) for i, t in enumerate(texts)}, (col, n)
+            expr = slot_expression("k", n, dialect=dialect)
+            got = dict(conn.execute(f"SELECT i, {expr} FROM awkward_ints").fetchall())
+            assert {i: int(s) for i, s in got.items()} == {
+                i: partition_of(k, n) for i, k in enumerate(AWKWARD_INTS)}, n
+        if dialect == "mysql":
+            # The limit the README names: a column in another character set hashes other bytes.
+            conn.execute("CREATE TABLE latin (w VARCHAR(10) CHARACTER SET latin1)")
+            conn.execute("INSERT INTO latin VALUES (%s)", ("é",))
+            [(crc,)] = conn.execute("SELECT CRC32(w) FROM latin").fetchall()
+            assert crc == zlib.crc32("é".encode("latin-1")) != zlib.crc32("é".encode())
+    finally:
+        for table in ("awkward", "awkward_ints", "latin"):
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.close()
 
 
 # -- leases ------------------------------------------------------------------------------------
@@ -381,13 +471,36 @@ def test_a_fence_on_an_expired_lease_is_refused(app: App, db_url: str) -> None:
     assert lease.lost
 
 
-def test_an_uncommitted_partitioned_claim_keeps_a_standby_off_its_slot(app: App, db_url: str) -> None:
-    """Postgres: the claim holds its slots' rows FOR SHARE until it commits, so a claimer
-    paused between its claim statement and its commit cannot have a standby take the slot
-    meanwhile (on SQLite the claim holds the one write lock, which does the same)."""
-    if not db_url.startswith("postgres"):
-        pytest.skip("SQLite serialises every write: nothing to race")
+@contextmanager
+def claim_left_open(app: App, db_url: str, name: str, params: dict[str, Any],
+                    idle_limit: float | None = None) -> Iterator[list[Any]]:
+    """Run a claim statement in a transaction of its own and yield its rows with the
+    transaction still open (committed when the block ends). ``idle_limit``: the server's
+    limit on the session idling inside it, as a partitioned claim of a worker sets it."""
+    if db_url.startswith("mysql"):
+        d = app.backend.mysql
+        with d._connection() as c:
+            c.begin()
+            if idle_limit is not None:
+                d.guard_idle(c, idle_limit)
+            yield d.rows(c, name, params)
+            c.commit()
+        return
     from justonce.backends.postgres.backend import Q
+
+    with app.backend.pg._connection() as conn, conn.transaction():
+        if idle_limit is not None:
+            conn.execute(Q["idle_timeout_local"], {"ms": f"{round(idle_limit * 1000)}ms"})
+        yield conn.execute(Q[name], params).fetchall()
+
+
+def test_an_uncommitted_partitioned_claim_keeps_a_standby_off_its_slot(app: App, db_url: str) -> None:
+    """The claim holds its slots' rows (Postgres: FOR SHARE; MySQL: LOCK IN SHARE MODE)
+    until it commits, so a claimer paused between its claim statement and its commit cannot
+    have a standby take the slot meanwhile (on SQLite the claim holds the one write lock,
+    which does the same)."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises every write: nothing to race")
 
     @app.task
     def step(key: int) -> None: ...
@@ -397,8 +510,7 @@ def test_an_uncommitted_partitioned_claim_keeps_a_standby_off_its_slot(app: App,
     assert lease is not None
     name, params = app.backend.claim_params(
         "default", 10, "paused", 30, SlotFence("jobs", 1, ((lease.slot, lease.token),)))
-    with app.backend.pg._connection() as conn, conn.transaction():
-        rows = conn.execute(Q[name], params).fetchall()
+    with claim_left_open(app, db_url, name, params) as rows:
         assert [r[0] for r in rows] == [job.id]
         time.sleep(0.5)  # the slot's lease runs out while the claim is not committed
         assert app.partitions.try_acquire("jobs", 1, lease=30) is None
@@ -409,16 +521,26 @@ def test_an_uncommitted_partitioned_claim_keeps_a_standby_off_its_slot(app: App,
 def test_a_claim_left_uncommitted_by_a_frozen_worker_frees_its_slot_after_a_lease(
     app: App, db_url: str
 ) -> None:
-    """Postgres: a claim that shares its transaction with completions sets the session's
-    idle-in-transaction timeout to the lease, so a worker frozen between its claim and its
-    COMMIT holds its slots' rows for one lease at most: then the server ends the session,
-    the claim rolls back, and a standby takes the slot."""
-    if not db_url.startswith("postgres"):
+    """A claim that shares its transaction with completions sets the session's
+    idle-in-transaction timeout to the lease (Postgres: idle_in_transaction_session_timeout;
+    MariaDB: idle_transaction_timeout, in whole seconds), so a worker frozen between its
+    claim and its COMMIT holds its slots' rows for one lease at most: then the server ends
+    the session, the claim rolls back, and a standby takes the slot."""
+    if db_url.startswith("sqlite"):
         pytest.skip("SQLite: a process frozen inside a write transaction stalls the file (README)")
-    import psycopg
-
-    from justonce.backends.postgres.backend import Q
     from justonce.errors import DatabaseUnavailable
+
+    if db_url.startswith("mysql"):
+        import pymysql
+
+        if not app.backend.mysql.mariadb:
+            pytest.skip("MySQL 8 has no idle-in-transaction timeout (README: A frozen claimer)")
+        errors: tuple[type[BaseException], ...] = (pymysql.err.MySQLError, DatabaseUnavailable)
+        frozen = 1.6  # MariaDB's timeout is whole seconds: the 0.3 s lease becomes 1 s
+    else:
+        import psycopg
+
+        errors, frozen = (psycopg.Error, DatabaseUnavailable), 1.0
 
     @app.task
     def step(key: int) -> None: ...
@@ -429,11 +551,9 @@ def test_a_claim_left_uncommitted_by_a_frozen_worker_frees_its_slot_after_a_leas
     name, params = app.backend.claim_params(
         "default", 10, "frozen", 0.3, SlotFence("jobs", 1, ((lease.slot, lease.token),)))
     took = None
-    with pytest.raises((psycopg.Error, DatabaseUnavailable)), app.backend.pg._connection() as conn, \
-            conn.transaction():
-        conn.execute(Q["idle_timeout_local"], {"ms": "300ms"})
-        assert [r[0] for r in conn.execute(Q[name], params).fetchall()] == [job.id]
-        time.sleep(1.0)  # frozen before COMMIT, past the lease and the idle timeout
+    with pytest.raises(errors), claim_left_open(app, db_url, name, params, idle_limit=0.3) as rows:
+        assert [r[0] for r in rows] == [job.id]
+        time.sleep(frozen)  # frozen before COMMIT, past the lease and the idle timeout
         took = app.partitions.try_acquire("jobs", 1, lease=30)
     assert took is not None and took.token == lease.token + 1
     assert app.get_job(job.id).state is JobState.READY  # the claim rolled back

@@ -57,15 +57,21 @@ def database_blocked(url: str, job_id: int) -> bool:
             return True
         finally:
             conn.close()
-    import psycopg
-
     conn = proc_app.ledger_connect(url)
     try:
         with conn.transaction():
             conn.execute("SELECT id FROM justonce_jobs WHERE id = %s FOR UPDATE NOWAIT", (job_id,))
         return False
-    except psycopg.errors.LockNotAvailable:
-        return True
+    except Exception as exc:
+        if url.startswith("mysql"):  # MariaDB says 1205 (lock wait timeout), MySQL 8 3572
+            if exc.args and exc.args[0] in (1205, 3572):
+                return True
+            raise
+        import psycopg
+
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            return True
+        raise
     finally:
         conn.close()
 

@@ -146,23 +146,27 @@ def test_bad_job_ids_are_refused(vapp: App) -> None:
 
 
 @pytest.mark.parametrize("url", [
-    "nonsense", "mysql://root@localhost/db", "sqlite://relative.db", "sqlite:///:memory:",
+    "nonsense", "oracle://root@localhost/db", "sqlite://relative.db", "sqlite:///:memory:",
     "sqlite:///", "sqlite:////no/such/folder/jobs.db", "sqlite:///x.db?synchronous=SOMETIMES",
     "sqlite:///x.db?busy_timeout=soon", "sqlite:///x.db?colour=blue",
     "postgresql://localhost:notaport/db", "postgresql://", "postgresql://h/db?schema=Bad-Name",
+    "mysql://", "mysql://h", "mysql://h/", "mysql://h/a/b", "mysql://h:notaport/db",
+    "mysql://h/db?colour=blue", "mariadb://h/db?pool_size=many", "mysql://h/db?pool_size=0",
 ])
 def test_malformed_database_urls_get_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         App(url).backend  # noqa: B018
     message = str(info.value).lower()
-    assert any(word in message for word in ("url", "sqlite", "postgresql", "schema"))
+    assert any(word in message for word in ("url", "sqlite", "postgresql", "schema", "pool_size"))
 
 
-def test_a_database_that_is_down_is_reported_quickly() -> None:
-    pytest.importorskip("psycopg")
+@pytest.mark.parametrize("scheme", ["postgresql", "mysql"])
+def test_a_database_that_is_down_is_reported_quickly(scheme: str) -> None:
+    pytest.importorskip("psycopg" if scheme == "postgresql" else "pymysql")
     from pgcluster import free_port
 
-    app = App(f"postgresql://postgres@127.0.0.1:{free_port()}/test", strict=False)
+    user = "postgres" if scheme == "postgresql" else "root"
+    app = App(f"{scheme}://{user}@127.0.0.1:{free_port()}/test", strict=False)
     t0 = time.monotonic()
     with pytest.raises(DatabaseUnavailable):
         app.enqueue("anything", [])
@@ -181,6 +185,16 @@ def test_postgres_without_migration_says_run_migrate(pg_server_url: str) -> None
         app.enqueue("x", [])
     app.close()
     _drop_schema(pg_server_url, schema)
+
+
+def test_mysql_without_migration_says_run_migrate() -> None:
+    from conftest import mysql_database, mysql_or_skip
+
+    with mysql_database(mysql_or_skip()) as url:
+        app = App(url, strict=False)
+        with pytest.raises(SchemaError, match="justonce migrate"):
+            app.enqueue("x", [])
+        app.close()
 
 
 def test_embedded_sqlite_migrates_itself_on_first_use(tmp_path) -> None:

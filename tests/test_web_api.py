@@ -14,16 +14,20 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import _drop_schema, postgres_or_skip
+from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
 from justonce import App
 from webserver import Server, justonce, serving
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "postgres", "mysql"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("serve")
     if request.param == "sqlite":
         with serving(f"sqlite:///{folder / 'jobs.db'}", folder / "serve.log") as s:
+            yield s
+        return
+    if request.param == "mysql":
+        with mysql_database(mysql_or_skip()) as url, serving(url, folder / "serve.log") as s:
             yield s
         return
     base = postgres_or_skip()

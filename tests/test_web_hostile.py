@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import _drop_schema, postgres_or_skip
+from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
 from justonce import App
 from test_web_api import assert_problem, snapshot
 from webserver import Server, serving
@@ -27,13 +27,17 @@ JSON = {"content-type": "application/json"}
 FAKE_SECRET = "jo_deadbeef_" + "A" * 43
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "postgres", "mysql"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[tuple[Server, Path]]:
     folder = tmp_path_factory.mktemp("hostile")
     log = folder / "serve.log"
     if request.param == "sqlite":
         with serving(f"sqlite:///{folder / 'jobs.db'}", log) as s:
+            yield s, log
+        return
+    if request.param == "mysql":
+        with mysql_database(mysql_or_skip()) as url, serving(url, log) as s:
             yield s, log
         return
     base = postgres_or_skip()

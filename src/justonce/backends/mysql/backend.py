@@ -730,17 +730,19 @@ class MySQLWaiter:
         self._stop = threading.Event()
 
     def wait(self, timeout: float) -> None:
+        # The first look comes after EVERY, not at once: the caller's claim just came back
+        # empty, so ready jobs seen now are ones it could not take (another worker's
+        # partition slots, keys held by a running job, a standby's queue) and returning at
+        # once would spin on claim and probe.
         deadline = time.monotonic() + timeout
-        while not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
+        while not self._stop.wait(min(self.EVERY, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
                 return
             try:
                 if self.dialect.read("jobs_ready_in", {"queues": self.queues}):
                     return
             except (DatabaseUnavailable, pymysql.err.MySQLError):
                 pass
-            self._stop.wait(min(self.EVERY, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
         self._stop.set()
