@@ -79,12 +79,9 @@ def ledger_connect(url: str) -> Any:
     if parts.scheme in ("mysql", "mariadb"):
         from justonce.backends.mysql.backend import parse_mysql_url
 
-        kwargs, _ = parse_mysql_url(url)
-        # ssl_disabled: PyMySQL otherwise builds a TLS context from the system's CA bundle
-        # for every connection (~30 ms of CPU), which made a task's first ledger write (one
-        # connection per worker thread) slow enough to skew the workers' batch sizes.
+        kwargs, _ = parse_mysql_url(url)  # (no TLS unless ?ssl=1: see the backend)
         conn = _mysql_connection_class()(**kwargs, autocommit=True, charset="utf8mb4",
-                                         connect_timeout=10, ssl_disabled=True)
+                                         connect_timeout=10)
         conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         conn.execute("SET time_zone = '+00:00'")
         return conn

@@ -576,6 +576,11 @@ INSERT INTO justonce_partition_leases (set_name, slot)
 SELECT %(set)s, s.ord - 1
   FROM JSON_TABLE(CONCAT('[', REPEAT('0,', %(n)s - 1), '0]'),
                   '$[*]' COLUMNS (ord FOR ORDINALITY)) AS s
+ -- Only slots that do not exist yet: the upsert below would take an exclusive lock on an
+ -- existing slot row, and wait for a claim that holds it in share mode (a plain read under
+ -- READ COMMITTED locks nothing).
+ WHERE NOT EXISTS (SELECT 1 FROM justonce_partition_leases e
+                    WHERE e.set_name = %(set)s AND e.slot = s.ord - 1)
 ON DUPLICATE KEY UPDATE slot = justonce_partition_leases.slot;
 
 -- name: lease_take

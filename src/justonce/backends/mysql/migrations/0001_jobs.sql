@@ -1,4 +1,6 @@
--- justonce schema v1: the job queue (MySQL 8.0.23+ / MariaDB 10.6+). Times are DATETIME(6)
+-- justonce schema v1: the job queue (MySQL 8.0.23+ / MariaDB 10.6+). JSON documents are
+-- LONGTEXT, stored as justonce wrote them (it validates them itself): MariaDB's JSON type
+-- checks JSON_VALID, which refuses nesting deeper than 31, and justonce accepts 64. Times are DATETIME(6)
 -- in UTC: every session runs with time_zone '+00:00' and reads the clock with NOW(6).
 -- Text is utf8mb4 with a binary NO PAD collation, so 'a', 'a ' and 'A' are three keys, as
 -- in PostgreSQL. Name sizes follow justonce/validate.py: queue 63, task 200, keys 512.
@@ -6,8 +8,8 @@ CREATE TABLE justonce_jobs (
     id               BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
     queue            VARCHAR(63)  NOT NULL,
     task             VARCHAR(200) NOT NULL,
-    args             JSON         NOT NULL DEFAULT ('[]'),
-    kwargs           JSON         NOT NULL DEFAULT ('{}'),
+    args             LONGTEXT         NOT NULL DEFAULT ('[]'),
+    kwargs           LONGTEXT         NOT NULL DEFAULT ('{}'),
     state            VARCHAR(16)  NOT NULL
                      CHECK (state IN ('scheduled','ready','running','succeeded','dead','cancelled')),
     priority         SMALLINT     NOT NULL DEFAULT 0,
@@ -22,7 +24,7 @@ CREATE TABLE justonce_jobs (
     lease_token      BIGINT       NOT NULL DEFAULT 0,
     lease_expires_at DATETIME(6),
     last_error       TEXT,
-    errors           JSON         NOT NULL DEFAULT ('[]'),
+    errors           LONGTEXT         NOT NULL DEFAULT ('[]'),
     result           JSON,
     created_at       DATETIME(6)  NOT NULL DEFAULT NOW(6),
     started_at       DATETIME(6),

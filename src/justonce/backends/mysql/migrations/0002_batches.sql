@@ -5,7 +5,7 @@ CREATE TABLE justonce_batches (
     state        VARCHAR(16) NOT NULL CHECK (state IN ('open','sealed','completed','expired')),
     description  TEXT,
     -- {"complete": job, "success": job}: the callback jobs to insert on completion.
-    callbacks    JSON        NOT NULL DEFAULT ('{}'),
+    callbacks    LONGTEXT        NOT NULL DEFAULT ('{}'),
     total        BIGINT      NOT NULL DEFAULT 0,
     `groups`     INT         NOT NULL DEFAULT 0,
     -- Frozen when the batch completes (live progress is summed from the chunks).

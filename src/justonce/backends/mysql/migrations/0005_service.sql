@@ -19,5 +19,5 @@ CREATE TABLE justonce_audit (
     action   VARCHAR(100)  NOT NULL,
     target   VARCHAR(1000),
     count    BIGINT,
-    detail   JSON          NOT NULL DEFAULT ('{}')
+    detail   LONGTEXT          NOT NULL DEFAULT ('{}')
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_nopad_bin;
