@@ -18,6 +18,9 @@ from fleet import Fleet, fleet_on  # noqa: E402
 from justonce import App, Worker  # noqa: E402
 from pgcluster import DEFAULT_URL, Cluster, can_connect, pg_bin  # noqa: E402
 
+LONG = os.environ.get("JUSTONCE_LONG_TESTS") == "1"
+"""The long forms of the heaviest scenarios (more keys, jobs, freezes); CI runs the short
+forms, which check the same properties on less data."""
 REQUIRE_PG = os.environ.get("JUSTONCE_REQUIRE_POSTGRES") == "1"
 REQUIRE_MYSQL = os.environ.get("JUSTONCE_REQUIRE_MYSQL") == "1"
 MYSQL_URL = os.environ.get("JUSTONCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")

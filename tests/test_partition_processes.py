@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import proc_app
+from conftest import LONG
 from fleet import HERE, Fleet, ledger, proc_app_on, wait_for
 from justonce import App, BatchState, Enqueue
 
@@ -199,15 +200,19 @@ def test_a_partitioned_scan_of_100000_rows_survives_a_killed_worker(
     assert batch.info().acked == 8
 
 
+PER_KEY = 1000 if LONG else 300
+
+
+
 def test_jobs_of_one_key_run_strictly_in_order_under_4_partitioned_workers(
     app: App, db_url: str, tmp_path: Path
 ) -> None:
-    """Three keys, jobs 1..1000 each, enqueued interleaved; 4 worker processes started with
-    --partitions ordered:4 (concurrency 4 each). Per key, the jobs run one at a time (each
-    starts after the previous one ended) in enqueue order."""
+    """Three keys, jobs 1..1000 each (300 in the short form), enqueued interleaved; 4 worker
+    processes started with --partitions ordered:4 (concurrency 4 each). Per key, the jobs run
+    one at a time (each starts after the previous one ended) in enqueue order."""
     keys = ["alpha", "beta", "gamma"]
     app.enqueue_many(Enqueue(proc_app.ordered_step, args=(k, i), partition_key=k)
-                     for i in range(1, 1001) for k in keys)
+                     for i in range(1, PER_KEY + 1) for k in keys)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     env.pop("JUSTONCE_DATABASE_URL", None)
     procs = []
@@ -226,7 +231,7 @@ def test_jobs_of_one_key_run_strictly_in_order_under_4_partitioned_workers(
             finally:
                 c.close()
 
-        wait_for(lambda: done() == 3000, 240, "3,000 ordered jobs", interval=0.5)
+        wait_for(lambda: done() == 3 * PER_KEY, 240, f"{3 * PER_KEY} ordered jobs", interval=0.5)
     finally:
         for p, _ in procs:
             p.send_signal(signal.SIGTERM)
@@ -244,6 +249,6 @@ def test_jobs_of_one_key_run_strictly_in_order_under_4_partitioned_workers(
         conn.close()
     for key in keys:
         seq = [(i, e) for k, i, e in events if k == key]
-        expected = [(i, e) for i in range(1, 1001) for e in ("start", "done")]
+        expected = [(i, e) for i in range(1, PER_KEY + 1) for e in ("start", "done")]
         diff = next((x for x in zip(seq, expected, strict=False) if x[0] != x[1]), None)
         assert seq == expected, f"{key}: {len(seq)} events, first difference {diff}"
