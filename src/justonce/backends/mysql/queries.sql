@@ -560,6 +560,7 @@ SELECT n FROM justonce_partition_sets WHERE set_name = %(set)s;
 -- paused) can neither renew nor pass a fence, whichever slot it had.
 UPDATE justonce_partition_leases SET owner = NULL, expires_at = NULL, token = token + 1
  WHERE set_name = %(set)s;
+SELECT slot FROM justonce_partition_leases WHERE set_name = %(set)s;
 
 -- name: lease_set_held
 SELECT COUNT(*) FROM justonce_partition_leases
@@ -582,6 +583,8 @@ SELECT %(set)s, s.ord - 1
  WHERE NOT EXISTS (SELECT 1 FROM justonce_partition_leases e
                     WHERE e.set_name = %(set)s AND e.slot = s.ord - 1)
 ON DUPLICATE KEY UPDATE slot = justonce_partition_leases.slot;
+-- (the set's slots, after the insert: PostgreSQL's twin returns the new ones)
+SELECT slot FROM justonce_partition_leases WHERE set_name = %(set)s AND slot < %(n)s;
 
 -- name: lease_take
 -- The first free or expired slot; the token grows with every new holder.

@@ -308,6 +308,7 @@ WITH old AS (
      LIMIT %(limit)s
 )
 DELETE FROM justonce_jobs j USING old WHERE j.id = old.id
+RETURNING j.id
 
 -- name: queue_counts
 SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state

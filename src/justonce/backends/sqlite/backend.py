@@ -317,7 +317,9 @@ class SQLiteDialect(Dialect):
         return self.write(name, params)
 
     def write_count(self, name: str, params: dict[str, Any]) -> int:
-        return self._write(lambda c: c.execute(Q[name], _params(params)).rowcount)
+        # (The statements return their rows: sqlite3's rowcount of a RETURNING statement
+        # counts only the rows fetched.)
+        return len(self.write(name, params))
 
     def insert_calls(self, c: sqlite3.Connection, params: dict[str, Any], args_doc: str,
                      kwargs_doc: str) -> list[int]:

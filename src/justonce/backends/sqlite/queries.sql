@@ -181,6 +181,7 @@ DELETE FROM justonce_jobs
                WHERE (state IN ('succeeded','cancelled') AND finished_at < NOW() - :keep_succeeded)
                   OR (state = 'dead' AND finished_at < NOW() - :keep_dead)
                LIMIT :limit)
+RETURNING id
 
 -- name: queue_counts
 SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state
