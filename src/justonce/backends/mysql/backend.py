@@ -49,6 +49,7 @@ from ..store import Store
 try:
     import pymysql
     from pymysql.constants import CLIENT, SERVER_STATUS
+    from pymysql.converters import escape_string
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ConfigurationError(
         "the MySQL backend needs PyMySQL: pip install 'justonce[mysql]'"
@@ -644,9 +645,23 @@ class MySQLDialect(Dialect):
             raise AssertionError("job_insert_row must name args, kwargs and batch_item once")
         prefix = params.get("item_prefix")
         dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        empty: dict[str, str] = {}  # the common kwargs, escaped once
+
+        def literal(value: Any) -> str:
+            text = dumps(value)
+            return f"'{escape_string(text)}'"
+
+        def repr_item(i: int) -> str:
+            return f"'{escape_string(f'{prefix}{i}')}'"
+
+        def kwargs_literal(value: Any) -> str:
+            if not value:
+                return empty.setdefault("{}", literal({}))
+            return literal(value)
+
         rows = ",".join(
-            f"{parts[0]}{c.escape(dumps(a))}{parts[1]}{c.escape(dumps(k))}{parts[2]}"
-            f"{'NULL' if prefix is None else c.escape(f'{prefix}{i}')}{parts[3]}"
+            f"{parts[0]}{literal(a)}{parts[1]}{kwargs_literal(k)}{parts[2]}"
+            f"{'NULL' if prefix is None else repr_item(i)}{parts[3]}"
             for i, (a, k) in enumerate(zip(args, kwargs, strict=True)))
         got = self._run(c, "job_insert_values", params, splice=rows)
         first, count = int(got[0][0]), int(got[0][1])
