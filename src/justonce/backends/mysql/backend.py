@@ -41,7 +41,6 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...models import NewJob
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..store import Store
@@ -271,6 +270,18 @@ class MySQLDialect(Dialect):
             raise DatabaseUnavailable(
                 f"cannot connect to MySQL at {self._connect_kwargs['host']}:"
                 f"{self._connect_kwargs['port']}: {exc}") from exc
+        try:
+            self._set_up(conn)
+        except pymysql.err.MySQLError as exc:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - broken already
+                pass
+            raise DatabaseUnavailable(f"MySQL: setting up a new connection failed: {exc}") from exc
+        return conn
+
+    @staticmethod
+    def _set_up(conn: pymysql.Connection) -> None:
         with conn.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             cur.execute("SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,"
@@ -284,7 +295,6 @@ class MySQLDialect(Dialect):
                 cur.execute("SET SESSION idle_transaction_timeout = %s", (IDLE_IN_TRANSACTION,))
             except pymysql.err.MySQLError:
                 pass
-        return conn
 
     def _get_pool(self) -> _Pool:
         if self._pool is None:
@@ -786,4 +796,4 @@ class MySQLBackend(Store):
         super().__init__(self.mysql)
 
 
-__all__ = ["MySQLBackend", "MySQLDialect", "NewJob"]
+__all__ = ["MySQLBackend", "MySQLDialect", "parse_mysql_url"]
