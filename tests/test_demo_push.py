@@ -1,5 +1,5 @@
 """The main job, end to end: ``justonce demo push`` with real worker processes, a real
-SMTP server and a worker killed with kill -9, on both backends. The demo's own report
+SMTP server and a worker killed with kill -9, on every backend. The demo's own report
 must show no duplicate and the SMTP server's count equal to the ledger's."""
 
 from __future__ import annotations

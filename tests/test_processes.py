@@ -1,7 +1,7 @@
 """Process-level tests: real worker processes, started the way users start them
 (``python -m justonce worker --app proc_app:app …``), killed, stopped and restarted.
 
-Every test runs on both backends (the ``db_url`` fixture). The tasks (tests/proc_app.py)
+Every test runs on every backend (the ``db_url`` fixture). The tasks (tests/proc_app.py)
 write a ``ledger`` row each time their code runs, so "exactly once" and "nothing lost" are
 counted from what really ran, not from what the queue says.
 """

@@ -453,7 +453,7 @@ SELECT set_config('search_path', %(schema)s, true)
 -- dialect-only: PgBouncer mode's BEGIN
 BEGIN ISOLATION LEVEL READ COMMITTED
 
--- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
+-- Batches. The algorithm is shared by every dialect (backends/batchstore.py); these
 -- statements are its PostgreSQL dialect. List parameters are JSON documents. The planner
 -- guesses 100 rows for jsonb_array_elements, which can turn a look-up of two batches into
 -- a scan of every chunk; ids are therefore handed over as ARRAY(SELECT …), an InitPlan

@@ -194,7 +194,7 @@ ON CONFLICT (name) DO UPDATE
  WHERE justonce_maintenance.next_run_at <= NOW()
 RETURNING name
 
--- Batches. The algorithm is shared by both backends (backends/batchstore.py); these
+-- Batches. The algorithm is shared by every dialect (backends/batchstore.py); these
 -- statements are its SQLite dialect. List parameters are JSON documents.
 
 -- name: batch_open
