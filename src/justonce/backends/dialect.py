@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from ..errors import SchemaError
 from ..models import NewJob
 from ..types import BatchState
 from .base import Waiter
@@ -58,6 +59,31 @@ class Dialect:
     claim_precheck: bool = False
     """Look for a ready job with a read before an unpartitioned claim (where an empty
     claim would take a database-wide write lock for nothing: SQLite)."""
+
+    latest: int
+    """The newest migration this version has."""
+    auto_migrate: bool = False
+    """Migrate on first use (the embedded SQLite file) instead of asking for `justonce migrate`."""
+    _schema_ok: bool = False
+
+    def _ensure_schema(self) -> None:
+        """Check once that the database's schema is this version's (or migrate it, where
+        ``auto_migrate``)."""
+        if self._schema_ok:
+            return
+        version = self.schema_version()
+        if version > self.latest:
+            raise SchemaError(
+                f"database schema v{version} is newer than this justonce (v{self.latest}); upgrade"
+            )
+        if version < self.latest:
+            if not self.auto_migrate:
+                raise SchemaError(
+                    f"the justonce schema is at v{version}, this version needs v{self.latest}: "
+                    "run `justonce migrate`"
+                )
+            self.migrate()
+        self._schema_ok = True
 
     # -- running named statements -----------------------------------------------------------
     def rows(self, c: Any, name: str, params: dict[str, Any]) -> list[Any]:

@@ -91,6 +91,9 @@ def _segments(statements: list[str]) -> list[list[str]]:
 
 
 SEGMENTS = {name: _segments(statements) for name, statements in STATEMENTS.items()}
+KIND = {s: "select" if _SELECT.match(s) else "write" if _WRITE.match(s) else "other"
+        for statements in STATEMENTS.values() for s in statements}
+"""Each statement's kind, found once when the queries load (not per run)."""
 
 DEADLOCK = 1213
 LOCK_WAIT = 1205
@@ -237,6 +240,7 @@ class MySQLDialect(Dialect):
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self.url = url
         self.queries = Q
+        self.latest = LATEST
         self._connect_kwargs, ours = parse_mysql_url(url)
         try:
             self.pool_size = int(ours.get("pool_size", 10))
@@ -352,21 +356,6 @@ class MySQLDialect(Dialect):
             self._guarded.discard(id(conn))
             pool.put(conn, broken)
 
-    def _ensure_schema(self) -> None:
-        if self._schema_ok:
-            return
-        version = self.schema_version()
-        if version < LATEST:
-            raise SchemaError(
-                f"the justonce schema is at v{version}, this version needs v{LATEST}: "
-                "run `justonce migrate`"
-            )
-        if version > LATEST:
-            raise SchemaError(
-                f"database schema v{version} is newer than this justonce (v{LATEST}); upgrade"
-            )
-        self._schema_ok = True
-
     # -- the block runner ---------------------------------------------------------------------------
     def _run(self, c: pymysql.Connection, name: str, params: dict[str, Any],
              dicts: bool = False, splice: str | None = None) -> list[Any]:
@@ -395,13 +384,14 @@ class MySQLDialect(Dialect):
                     if k:
                         cur.nextset()
                     stop = False
-                    if _SELECT.match(statement):
+                    kind = KIND.get(statement, "other")  # (BEGIN: other)
+                    if kind == "select":
                         result = list(cur.fetchall())
                         stop = not result
                         if result:
                             names = [d[0] for d in cur.description or ()]
                             args["picked"] = tuple(r[0] for r in result)
-                    elif _WRITE.match(statement) and cur.rowcount == 0:
+                    elif kind == "write" and cur.rowcount == 0:
                         stop = True
                     if stop:
                         while cur.nextset():  # the rest of the segment: read-only, dropped
@@ -553,17 +543,8 @@ class MySQLDialect(Dialect):
         seconds = max(1, math.ceil(lock_timeout))
 
         def bounded(c: pymysql.Connection) -> T:
-            with c.cursor() as cur:
-                cur.execute("SELECT @@innodb_lock_wait_timeout")
-                row = cur.fetchone()
-                cur.execute("SET SESSION innodb_lock_wait_timeout = %s", (seconds,))
-            try:
+            with _lock_wait(c, seconds):
                 return fn(c)
-            finally:
-                if c.open:
-                    with c.cursor() as cur:
-                        cur.execute("SET SESSION innodb_lock_wait_timeout = %s",
-                                    (int(row[0]) if row else 50,))
 
         try:
             return self.tx(conn, bounded)
@@ -594,23 +575,15 @@ class MySQLDialect(Dialect):
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         c = self.fence_connection(conn)
         t = ".".join(f"`{part}`" for part in table.split("."))
-        seconds = max(1, math.ceil(timeout))
-        with c.cursor() as cur:
-            cur.execute("SELECT @@innodb_lock_wait_timeout")
-            row = cur.fetchone()
-            cur.execute("SET SESSION innodb_lock_wait_timeout = %s", (seconds,))
+        with _lock_wait(c, max(1, math.ceil(timeout))), c.cursor() as cur:
             try:
-                found = cur.execute(f"SELECT 1 FROM {t} WHERE `{column}` = %s FOR UPDATE",
-                                    (value,)) > 0
+                return cur.execute(f"SELECT 1 FROM {t} WHERE `{column}` = %s FOR UPDATE",
+                                   (value,)) > 0
             except pymysql.err.OperationalError as exc:
                 if _code(exc) == LOCK_WAIT:
                     raise LockTimeout(
                         f"row {table}.{column} = {value!r} stayed locked for {timeout:g}s") from exc
                 raise
-            finally:
-                cur.execute("SET SESSION innodb_lock_wait_timeout = %s",
-                            (int(row[0]) if row else 50,))
-        return found
 
     def time(self, value: Any) -> datetime | None:
         return _aware(value)
@@ -739,6 +712,23 @@ class MySQLDialect(Dialect):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+
+@contextmanager
+def _lock_wait(c: pymysql.Connection, seconds: int) -> Iterator[None]:
+    """``innodb_lock_wait_timeout`` for a while on ``c``, then its value before again (the
+    caller's connection keeps its own setting)."""
+    with c.cursor() as cur:
+        cur.execute("SELECT @@innodb_lock_wait_timeout")
+        row = cur.fetchone()
+        cur.execute("SET SESSION innodb_lock_wait_timeout = %s", (seconds,))
+    try:
+        yield
+    finally:
+        if c.open:
+            with c.cursor() as cur:
+                cur.execute("SET SESSION innodb_lock_wait_timeout = %s",
+                            (int(row[0]) if row else 50,))
 
 
 def _strip_comments(text: str) -> str:

@@ -148,18 +148,24 @@ SELECT 1 FROM justonce_jobs
  WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
  LIMIT 1;
 
--- name: job_complete_many
--- %(ids)s, %(tokens)s, %(results)s (JSON text or null), %(notes)s (text or null): four
--- aligned JSON lists (sorted by id: rows are locked in list order). The rows are locked,
--- then updated from the same lists; the accepted ids come back.
-SELECT j.id, NULL
+-- name: fenced_running
+-- dialect-only: a fragment of job_complete_many, job_heartbeat and job_release
+-- The running jobs of the aligned lists %(ids)s and %(tokens)s whose token is still the
+-- caller's, locked in list order (sorted by id) and looked up by key.
   FROM JSON_TABLE(%(ids)s, '$[*]' COLUMNS (ord FOR ORDINALITY, id BIGINT PATH '$')) AS d
   JOIN (SELECT ord, token
           FROM JSON_TABLE(%(tokens)s, '$[*]' COLUMNS (ord FOR ORDINALITY, token BIGINT PATH '$')) AS x
          LIMIT 18446744073709551615) AS t ON t.ord = d.ord
   STRAIGHT_JOIN justonce_jobs j FORCE INDEX (PRIMARY) ON j.id = d.id
  WHERE j.lease_token = t.token AND j.state = 'running'
-   FOR UPDATE;
+   FOR UPDATE
+
+-- name: job_complete_many
+-- %(ids)s, %(tokens)s, %(results)s (JSON text or null), %(notes)s (text or null): four
+-- aligned JSON lists (sorted by id: rows are locked in list order). The rows are locked,
+-- then updated from the same lists; the accepted ids come back.
+SELECT j.id, NULL
+{{fenced_running}};
 UPDATE JSON_TABLE(%(ids)s, '$[*]' COLUMNS (ord FOR ORDINALITY, id BIGINT PATH '$')) AS d
   JOIN (SELECT ord, result
           FROM JSON_TABLE(%(results)s, '$[*]' COLUMNS (ord FOR ORDINALITY, result LONGTEXT PATH '$')) AS x
@@ -198,13 +204,7 @@ SELECT state, NULL FROM justonce_jobs WHERE id IN %(picked)s;
 -- name: job_heartbeat
 -- %(ids)s, %(tokens)s: aligned JSON lists. Returns the ids whose lease was renewed.
 SELECT j.id
-  FROM JSON_TABLE(%(ids)s, '$[*]' COLUMNS (ord FOR ORDINALITY, id BIGINT PATH '$')) AS d
-  JOIN (SELECT ord, token
-          FROM JSON_TABLE(%(tokens)s, '$[*]' COLUMNS (ord FOR ORDINALITY, token BIGINT PATH '$')) AS x
-         LIMIT 18446744073709551615) AS t ON t.ord = d.ord
-  STRAIGHT_JOIN justonce_jobs j FORCE INDEX (PRIMARY) ON j.id = d.id
- WHERE j.lease_token = t.token AND j.state = 'running'
-   FOR UPDATE;
+{{fenced_running}};
 UPDATE justonce_jobs
    SET lease_expires_at = NOW(6) + INTERVAL ROUND(%(lease)s * 1000000) MICROSECOND
  WHERE id IN %(picked)s;
@@ -213,13 +213,7 @@ UPDATE justonce_jobs
 -- Give leased jobs back untouched (graceful shutdown). %(refund)s: the job never started,
 -- so its attempt does not count.
 SELECT j.id, NULL
-  FROM JSON_TABLE(%(ids)s, '$[*]' COLUMNS (ord FOR ORDINALITY, id BIGINT PATH '$')) AS d
-  JOIN (SELECT ord, token
-          FROM JSON_TABLE(%(tokens)s, '$[*]' COLUMNS (ord FOR ORDINALITY, token BIGINT PATH '$')) AS x
-         LIMIT 18446744073709551615) AS t ON t.ord = d.ord
-  STRAIGHT_JOIN justonce_jobs j FORCE INDEX (PRIMARY) ON j.id = d.id
- WHERE j.lease_token = t.token AND j.state = 'running'
-   FOR UPDATE;
+{{fenced_running}};
 UPDATE justonce_jobs
    SET state = 'ready',
        attempts = CASE WHEN %(refund)s THEN GREATEST(attempts - 1, 0) ELSE attempts END,

@@ -25,7 +25,6 @@ from ...errors import (
     DatabaseUnavailable,
     InvalidOption,
     LockTimeout,
-    SchemaError,
 )
 from ...models import ClaimedJob, Completion, NewJob
 from ..base import Partitioning, load_queries, migration_files
@@ -96,6 +95,7 @@ class PostgresDialect(Dialect):
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self.url = url
         self.queries = Q
+        self.latest = LATEST
         self.conninfo, self.schema, extra = parse_postgres_url(url)
         try:
             self.pool_size = int(extra.get("pool_size", 10))
@@ -199,21 +199,6 @@ class PostgresDialect(Dialect):
                 conn.execute(Q["search_path_local"], {"schema": self._local_schema})
                 cur.execute(Q[name], params)
             return cur.fetchall() if cur.description else []
-
-    def _ensure_schema(self) -> None:
-        if self._schema_ok:
-            return
-        version = self.schema_version()
-        if version < LATEST:
-            raise SchemaError(
-                f"the justonce schema is at v{version}, this version needs v{LATEST}: "
-                "run `justonce migrate`"
-            )
-        if version > LATEST:
-            raise SchemaError(
-                f"database schema v{version} is newer than this justonce (v{LATEST}); upgrade"
-            )
-        self._schema_ok = True
 
     # -- schema -----------------------------------------------------------------------
     def schema_version(self) -> int:

@@ -25,7 +25,6 @@ from ...errors import (
     DatabaseUnavailable,
     InvalidOption,
     LockTimeout,
-    SchemaError,
 )
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
@@ -102,6 +101,8 @@ class SQLiteDialect(Dialect):
     def __init__(self, url: str) -> None:
         self.url = url
         self.queries = Q
+        self.latest = LATEST
+        self.auto_migrate = True  # the embedded file migrates itself
         path, options = parse_sqlite_url(url)
         self.path = path
         sync = options.pop("synchronous", "FULL").upper()
@@ -144,18 +145,6 @@ class SQLiteDialect(Dialect):
             with self._lock:
                 self._all.append((threading.current_thread(), conn))
         return conn
-
-    def _ensure_schema(self) -> None:
-        if self._schema_ok:
-            return
-        version = self.schema_version()
-        if version > LATEST:
-            raise SchemaError(
-                f"database schema v{version} is newer than this justonce (v{LATEST}); upgrade"
-            )
-        if version < LATEST:
-            self.migrate()  # the embedded database migrates itself on first use
-        self._schema_ok = True
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], *, schema: bool = True,
                timeout: float | None = None) -> T:
