@@ -435,9 +435,6 @@ class MySQLDialect(Dialect):
             cur.execute("SET SESSION idle_transaction_timeout = %s", (max(1, math.ceil(idle_limit)),))
         self._guarded.add(id(c))
 
-    def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        return self.tx(None, lambda c: self._run(c, name, params, dicts=True))
-
     def write_count(self, name: str, params: dict[str, Any]) -> int:
         if len(STATEMENTS[name]) > 1:  # lock, then write: the rows its SELECT picked
             return len(self.write(name, params))
