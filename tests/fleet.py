@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -195,3 +196,36 @@ def error_kinds(job: Job) -> list[str]:
 def running_jobs_of(app: App, proc: WorkerProc) -> list[Job]:
     return [j for j in app.list_jobs(state="running", limit=10000)
             if j.lease_owner and f":{proc.pid}:" in j.lease_owner]
+
+
+def sqlite_write_lock_free(url: str, within: float = 0.5) -> bool:
+    """Can a writer get SQLite's write lock? A process stopped inside a write transaction
+    holds it, and then the whole database waits for it: not the freeze under test."""
+    conn = proc_app.ledger_connect(url)
+    conn.execute("PRAGMA busy_timeout=0")
+    deadline = time.monotonic() + within
+    try:
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+                return True
+            except sqlite3.OperationalError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.002)
+    finally:
+        conn.close()
+
+
+def stop_outside_a_write(pid: int, url: str, tries: int = 50) -> None:
+    """SIGSTOP ``pid``; on SQLite, where a process stopped inside a write transaction holds
+    the one write lock of the file (and every other writer waits for it: README, "SQLite
+    and frozen processes"), let it run on and stop it again until the lock is free."""
+    for _ in range(tries):
+        os.kill(pid, signal.SIGSTOP)
+        if not url.startswith("sqlite") or sqlite_write_lock_free(url):
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.013)
+    raise AssertionError(f"process {pid} held the SQLite write lock at each of {tries} stops")

@@ -145,6 +145,28 @@ def test_nothing_listens_so_nothing_is_built(caplog: pytest.LogCaptureFixture) -
         logging.getLogger("justonce.worker").setLevel(logging.NOTSET)
 
 
+def test_each_new_failing_subscriber_is_logged_even_where_an_old_ones_id_is_reused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The once-per-subscriber log must not be keyed by id(): a freed function's id is
+    reused by the next one (the CI flake this test pins), which then failed silently."""
+    with caplog.at_level(logging.ERROR, logger="justonce.events"):
+        for n in range(50):
+            def broken(event: Event, fields: Any, n: int = n) -> None:
+                raise ValueError(f"bug {n}")
+
+            unsubscribe = subscribe(broken)
+            try:
+                emit(Event.JOB_DROPPED, count=1)
+                emit(Event.JOB_DROPPED, count=2)
+            finally:
+                unsubscribe()
+            del broken
+    logged = [r for r in caplog.records if getattr(r, "event", None) == "events.subscriber_error"]
+    assert len(logged) == 50
+    assert not events._failed  # entries leave with their subscriber
+
+
 def test_subscribe_takes_only_a_callable() -> None:
     with pytest.raises(InvalidOption):
         subscribe("not a function")  # type: ignore[arg-type]

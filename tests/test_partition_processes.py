@@ -19,7 +19,7 @@ import pytest
 
 import proc_app
 from conftest import LONG
-from fleet import HERE, Fleet, ledger, proc_app_on, wait_for
+from fleet import HERE, Fleet, ledger, proc_app_on, stop_outside_a_write, wait_for
 from justonce import App, BatchState, Enqueue
 
 pytestmark = pytest.mark.slow
@@ -132,7 +132,7 @@ def test_a_holder_stopped_past_its_lease_is_fenced_out_when_it_resumes(
     zombie = procs.start(proc_app.fenced_writer, db_url, "fence", 1, LEASE)
     wait_for(lambda: [r for r in lease_log(db_url) if r[3] == "acquired"], 60, "the holder")
     time.sleep(0.5)
-    os.kill(zombie.pid, signal.SIGSTOP)
+    stop_outside_a_write(zombie.pid, db_url)
     standby = procs.start(proc_app.fenced_writer, db_url, "fence", 1, LEASE)
     wait_for(lambda: len([r for r in lease_log(db_url) if r[3] == "acquired"]) == 2, 30,
              "the standby to take over")

@@ -54,7 +54,6 @@ import bisect
 import os
 import random
 import signal
-import sqlite3
 import threading
 import time
 from collections import Counter, defaultdict
@@ -68,7 +67,7 @@ import pytest
 
 import proc_app
 from conftest import LONG
-from fleet import Fleet, WorkerProc, fleet_on, proc_app_on, wait_for
+from fleet import Fleet, WorkerProc, fleet_on, proc_app_on, sqlite_write_lock_free, wait_for
 from justonce import App, Enqueue, partition_of
 
 pytestmark = pytest.mark.slow
@@ -227,26 +226,6 @@ class Freeze:
     successor: Tenure | None = None
     successor_starts: int = 0  # jobs of the slot its new holder started before the wake
     called_off: bool = False  # SQLite: it held the write lock, so it was woken at once
-
-
-def sqlite_write_lock_free(url: str, within: float = 0.5) -> bool:
-    """Can a writer get SQLite's write lock? A process stopped inside a write transaction
-    holds it, and then the whole database waits for it: not the freeze under test."""
-    conn = proc_app.ledger_connect(url)
-    conn.execute("PRAGMA busy_timeout=0")
-    deadline = time.monotonic() + within
-    try:
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("ROLLBACK")
-                return True
-            except sqlite3.OperationalError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.002)
-    finally:
-        conn.close()
 
 
 class Scenario:

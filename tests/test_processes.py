@@ -437,6 +437,9 @@ def test_job_past_its_timeout_is_failed_retried_and_dead_while_worker_serves_oth
                          f"job {job.task} to end dead")
         assert final.attempts == 3, final
         assert error_kinds(final) == ["timeout"] * 3, final.errors
+        # The worker logs after its write commits, so the third line may trail the state.
+        wait_for(lambda j=job: len(w.events("job.timeout", j.id)) >= 3, 10,
+                 f"the worker to log {job.task}'s third timeout")
         assert len(w.events("job.timeout", job.id)) == 3, w.tail()
     assert not w.events("job.succeeded", sync_job.id) and not w.events("job.succeeded", async_job.id)
     w.signal(signal.SIGTERM)

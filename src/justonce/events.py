@@ -138,7 +138,10 @@ class Event(StrEnum):
 
 _subscribers: tuple[Subscriber, ...] = ()
 _lock = threading.Lock()
-_failed: set[tuple[int, type[BaseException]]] = set()
+# (subscriber, error type) pairs already logged. Keyed by the function itself, not its
+# id(): an id is reused once a function is freed, and a new subscriber's first failure
+# would then go unlogged. Entries leave with their subscriber.
+_failed: set[tuple[Subscriber, type[BaseException]]] = set()
 
 
 def subscribe(fn: Subscriber) -> Callable[[], None]:
@@ -159,6 +162,8 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
             if fn in subs:
                 subs.remove(fn)
                 _subscribers = tuple(subs)
+            if fn not in subs:
+                _failed.difference_update({k for k in _failed if k[0] is fn})
 
     return unsubscribe
 
@@ -191,10 +196,11 @@ def _notify(subs: tuple[Subscriber, ...], event: Event, fields: Mapping[str, Any
         try:
             fn(event, fields)
         except Exception as exc:  # noqa: BLE001 - a subscriber never breaks the caller
-            key = (id(fn), type(exc))
+            key = (fn, type(exc))
             with _lock:
                 first = key not in _failed
-                _failed.add(key)
+                if first and fn in _subscribers:
+                    _failed.add(key)
             if first:
                 Event.SUBSCRIBER_ERROR.log.error(
                     "event subscriber failed (further %s from it are not logged)",
