@@ -96,11 +96,14 @@ SAMPLES: dict[str, Any] = {
     "keep_succeeded": 1.0, "keep_dead": 1.0, "name": "n", "interval": 1.0,
     "description": None, "callbacks": "{}", "expire_after": 1.0, "count": 1, "group_id": "g",
     "sizes": [1], "reason": "r", "item": "1:g:0", "batch_id": 1, "acked": 0, "failed": 0,
-    "state": None, "retention": 1.0, "scope": "read", "policy": "at_most_once", "result": None,
+    "state": "active", "retention": 1.0, "scope": "read", "policy": "at_most_once", "result": None,
     "note": None, "force": False, "secret_hash": "h", "prefix": "p", "token_id": None,
     "actor": "a", "action": "x", "target": None, "detail": "{}", "cursor": None,
     "created_after": None, "created_before": None, "max_id": None, "since": 0.0, "cap": 1,
     "item_prefix": None, "bits": b"\x00", "pending": 0, "chunk": 0,
+    "list_id": 1, "next_position": 0, "total": 0, "position": 0, "lo": 0, "hi": 1,
+    "secret": "0123456789abcdef", "request_id": None, "due_in": 1.0, "ranges": "[]",
+    "held": "[]", "attempt": 1, "ttr": 1.0,
 }
 
 

@@ -18,6 +18,7 @@ from .batches import Batches
 from .effects import Effects
 from .errors import CountChanged, InvalidOption, InvalidTransition, JobNotFound, UnknownTask
 from .events import Event, emit
+from .lists import Lists
 from .models import Job, JobFilter, MetricsSnapshot, NewJob, QueueCount, QueueStats
 from .partitions import Partitions, partition_hash
 from .retry import Backoff
@@ -52,6 +53,8 @@ class App:
         self.partitions = Partitions(self)
         """Partition leases and scans; see :class:`~justonce.partitions.Partitions`."""
         self.effects = Effects(self)
+        self.lists = Lists(self)
+        """Lists: load, reserve, complete, run; see :class:`~justonce.lists.Lists`."""
         """The effect ledger; see :class:`~justonce.effects.Effects`."""
         self.tokens = Tokens(self)
         """API tokens of the service; see :class:`~justonce.tokens.Tokens`."""

@@ -115,3 +115,31 @@ class PartitionConflict(InvalidTransition):
 
 class NonRetryable(JustonceError):
     """Raise from a task to fail its job at once (state ``dead``) without further attempts."""
+
+
+class ListNotFound(JustonceError, LookupError):
+    """No list of that name."""
+
+
+class ListExists(InvalidTransition):
+    """A list of that name exists already (names are unique; drop the old one first)."""
+
+
+class ListNotSealed(InvalidTransition):
+    """The list is still loading: positions are handed out only once it is sealed."""
+
+
+class ListSealed(InvalidTransition):
+    """The list is sealed: its items are immutable, nothing can be appended."""
+
+
+class StaleReservation(JustonceError):
+    """A reservation token that no longer holds its positions: it timed out (its time to
+    run passed by the database's clock), was released, buried, finished, or never existed.
+    Writes with it are refused and change nothing; its unfinished positions are (or will
+    be) handed to someone else."""
+
+
+class PositionNotReserved(JustonceError, ValueError):
+    """A position that the reservation does not hold (outside its ranges, or buried or
+    released from it)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -342,3 +343,86 @@ class AuditEntry:
     target: str | None
     count: int | None
     detail: dict[str, Any]
+
+
+Ranges = tuple[tuple[int, int], ...]
+"""Positions as sorted, disjoint half-open ranges ``((lo, hi), ...)``: ``lo <= p < hi``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Positions of a list handed to one caller until ``expires_at`` (its time to run).
+
+    ``token`` is the fencing token: every complete, touch, release or bury names it, and is
+    refused (:class:`~justonce.errors.StaleReservation`) once the reservation no longer
+    holds its positions. ``ranges`` are the positions handed out (a re-offer leaves out
+    those done already); ``attempt`` counts how often these positions were handed out."""
+
+    list: str
+    token: str
+    ranges: Ranges
+    expires_at: datetime
+    attempt: int
+    ttr: float
+    request_id: str | None = None
+
+    @property
+    def count(self) -> int:
+        return sum(hi - lo for lo, hi in self.ranges)
+
+    @property
+    def positions(self) -> builtins.list[int]:
+        return [p for lo, hi in self.ranges for p in range(lo, hi)]
+
+
+@dataclass(frozen=True, slots=True)
+class ListProgress:
+    """Where a list's positions are. ``ready``: not handed out, or due to be handed out
+    again (timed out, released, kicked); ``reserved``: held by a live reservation;
+    ``done``; ``buried``: parked until kicked. They add up to ``total``."""
+
+    total: int
+    ready: int
+    reserved: int
+    done: int
+    buried: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListInfo:
+    """A snapshot of one list. ``state``: loading (items can be appended), sealed
+    (positions are handed out), completed (every position done; ``on_complete`` ran)."""
+
+    id: int
+    name: str
+    task: str | None
+    state: str
+    progress: ListProgress
+    ttr: float
+    max_attempts: int
+    created_at: datetime
+    sealed_at: datetime | None = None
+    finished_at: datetime | None = None
+    on_complete: str | None = None
+    batch_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListCompletion:
+    """What a ``complete`` did: ``completed`` positions were marked done by this call,
+    ``already`` were done before (a repeat of the same completion), and ``list_completed``
+    says this call finished the whole list (its ``on_complete`` was enqueued with it)."""
+
+    completed: int
+    already: tuple[int, ...] = ()
+    list_completed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BuriedRange:
+    """Positions parked by ``bury``, with the reason given."""
+
+    ranges: Ranges
+    attempt: int
+    reason: str | None
+    buried_at: datetime

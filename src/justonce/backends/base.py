@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..items import ItemGroup, ItemRef
 from ..models import (
@@ -42,6 +42,9 @@ from ..models import (
 from ..types import JobState
 from .dashstore import Count, JobLine
 
+if TYPE_CHECKING:
+    from .liststore import ListOps
+
 Partitioning = SlotFence
 """Claim only partitioned jobs whose slot (partition_hash mod n) is held with the given token."""
 
@@ -62,6 +65,8 @@ class Backend(Protocol):
 
     url: str
     name: str
+    lists: ListOps
+    """The list operations (liststore.py): written once, over the backend's dialect."""
 
     # -- schema ---------------------------------------------------------------------
     def migrate(self) -> list[str]:

@@ -154,6 +154,26 @@ class BatchOps:
         expired = len(self.d.tx(None, lambda c: self.d.rows(c, "batches_expire", {"limit": limit})))
         return BatchPruneReport(expired=expired, removed=removed)
 
+    # -- for lists (liststore.py), in the caller's transaction -----------------------------
+    def open_sealed(self, c: Any, description: str, callbacks: dict[str, Any],
+                    count: int) -> tuple[int, str, bool]:
+        """A batch of one group of ``count`` items, sealed at once: (batch id, group id,
+        completed). An empty one completes here (its callbacks are inserted)."""
+        params = {"description": description, "callbacks": _dumps(callbacks),
+                  "expire_after": 0.0}
+        batch_id = int(self.d.rows(c, "batch_open", params)[0][0])
+        group, _ = self._add_group(c, batch_id, count, lambda g: [])
+        self.d.rows(c, "batch_seal", {"id": batch_id})
+        return batch_id, group.group_id, bool(self._complete_if_done(c, [batch_id]))
+
+    def complete_if_done(self, c: Any, batch_ids: Sequence[int]) -> list[int]:
+        return self._complete_if_done(c, batch_ids)
+
+    def drop(self, c: Any, batch_id: int) -> None:
+        """Delete a batch and its chunks and failures (a dropped list's)."""
+        for name in ("batch_delete_chunks", "batch_delete_failures", "batch_delete"):
+            self.d.many(c, name, [{"id": batch_id}])
+
     # -- the algorithm --------------------------------------------------------------------
     def _add_group(self, c: Any, batch_id: int, count: int,
                    then: Callable[[ItemGroup], list[int]]) -> tuple[ItemGroup, list[int]]:

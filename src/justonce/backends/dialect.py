@@ -241,6 +241,12 @@ class Dialect:
         self.many(c, "batch_chunk_update", writes)
         return out
 
+    def bits(self, value: Any) -> bytes | bytearray:
+        """A chunk's bits as the batch columns return them, as bytes: item ``n`` is bit
+        ``n % 8`` (least significant first) of byte ``n // 8``. Default: the column is that
+        blob already."""
+        return bytes(value)
+
     # -- queue statistics ----------------------------------------------------------------------
     def count_jobs(self, exact_below: int) -> tuple[list[Any], bool]:
         """(rows of (queue, state, count), estimated) for the service's queue view: exact by

@@ -45,6 +45,7 @@ from .dashstore import Count, DashOps, JobLine
 from .dialect import Dialect
 from .effectstore import EffectOps
 from .leasestore import LeaseOps
+from .liststore import ListOps
 from .servicestore import ServiceOps
 
 KEY_ROUNDS = 5
@@ -77,6 +78,7 @@ class Store:
         self.effects = EffectOps(d)
         self.service = ServiceOps(d, self.batches)
         self.dash = DashOps(d)
+        self.lists = ListOps(d, self.batches)
 
     # -- schema -------------------------------------------------------------------------------
     def migrate(self) -> list[str]:

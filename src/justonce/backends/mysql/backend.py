@@ -43,6 +43,7 @@ from ...errors import (
 )
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
+from ..liststore import ListOps
 from ..store import Store
 
 try:
@@ -775,12 +776,25 @@ class MySQLWaiter:
         self._stop.set()
 
 
+class MySQLListOps(ListOps):
+    """Lists, with items loaded by multi-row INSERTs."""
+
+    def insert_items(self, c: Any, list_id: int, start: int, items: Sequence[str]) -> None:
+        # PyMySQL's executemany sends an INSERT ... VALUES as multi-row INSERTs of up to
+        # 1 MB each, instead of one round trip per item (the Dialect's many()).
+        with c.cursor() as cur:
+            cur.executemany(STATEMENTS["list_item_insert"][0], [
+                {"list_id": list_id, "position": start + i, "item": item}
+                for i, item in enumerate(items)])
+
+
 class MySQLBackend(Store):
     """The Store on MySQL 8 or MariaDB 10.6+."""
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self.mysql = MySQLDialect(url, connect_timeout=connect_timeout)
         super().__init__(self.mysql)
+        self.lists = MySQLListOps(self.mysql, self.batches)
 
 
 __all__ = ["MySQLBackend", "MySQLDialect", "parse_mysql_url"]

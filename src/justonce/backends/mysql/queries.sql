@@ -850,3 +850,165 @@ SELECT h.q, TIMESTAMPDIFF(MICROSECOND, LEAST(COALESCE(h.a, h.b), COALESCE(h.b, h
 SELECT 1 FROM JSON_TABLE(%(queues)s, '$[*]' COLUMNS (q VARCHAR(63) PATH '$')) AS w
  WHERE EXISTS (SELECT 1 FROM justonce_jobs j WHERE j.state = 'ready' AND j.queue = w.q)
  LIMIT 1;
+
+-- Lists (backends/liststore.py; see the PostgreSQL queries). A reservation row's columns:
+-- id, list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr,
+-- error, created_at, and whether its time has come by the database's clock (expired).
+
+-- name: list_create
+INSERT INTO justonce_lists (name, task, state, ttr, max_attempts, callbacks)
+VALUES (%(name)s, %(task)s, 'loading', %(ttr)s, %(max_attempts)s, %(callbacks)s);
+SELECT LAST_INSERT_ID();
+
+-- name: list_lock
+SELECT id, state, total, next_position, ttr, max_attempts, batch_id, group_id
+  FROM justonce_lists WHERE name = %(name)s
+   FOR UPDATE;
+
+-- name: list_callbacks
+SELECT callbacks FROM justonce_lists WHERE id = %(id)s;
+
+-- name: list_item_insert
+INSERT INTO justonce_list_items (list_id, position, item) VALUES (%(list_id)s, %(position)s, %(item)s);
+
+-- name: list_grow
+UPDATE justonce_lists SET total = %(total)s WHERE id = %(id)s;
+
+-- name: list_seal
+UPDATE justonce_lists
+   SET state = 'sealed', sealed_at = NOW(6), batch_id = %(batch_id)s, group_id = %(group_id)s
+ WHERE id = %(id)s;
+
+-- name: list_finish
+UPDATE justonce_lists SET state = 'completed', finished_at = NOW(6)
+ WHERE batch_id = %(batch_id)s AND state = 'sealed';
+
+-- name: list_advance
+UPDATE justonce_lists SET next_position = %(next_position)s WHERE id = %(id)s;
+
+-- name: list_drop_items
+DELETE FROM justonce_list_items WHERE list_id = %(id)s;
+
+-- name: list_drop_reservations
+DELETE FROM justonce_list_reservations WHERE list_id = %(id)s;
+
+-- name: list_drop
+DELETE FROM justonce_lists WHERE id = %(id)s;
+
+-- name: list_due
+-- The walk of the due index stops at the first row it can lock (NULL due_at, buried and
+-- done rows, sort before the range and are never read).
+SELECT id FROM justonce_list_reservations FORCE INDEX (justonce_list_reservations_due)
+ WHERE list_id = %(list_id)s AND due_at <= NOW(6)
+ ORDER BY due_at
+ LIMIT 1
+   FOR UPDATE SKIP LOCKED;
+SELECT id, list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr,
+       error, created_at, 1 AS expired
+  FROM justonce_list_reservations WHERE id IN %(picked)s;
+
+-- name: list_reservation_insert
+INSERT INTO justonce_list_reservations
+       (list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr, error)
+VALUES (%(list_id)s, %(secret)s, %(request_id)s, %(state)s,
+        NOW(6) + INTERVAL ROUND(%(due_in)s * 1000000) MICROSECOND, %(ranges)s, %(held)s,
+        %(pending)s, %(attempt)s, %(ttr)s, %(error)s);
+SELECT id, due_at FROM justonce_list_reservations WHERE id = LAST_INSERT_ID();
+
+-- name: list_reservation_by_request
+SELECT r.id, r.list_id, r.secret, r.request_id, r.state, r.due_at, r.ranges, r.held, r.pending,
+       r.attempt, r.ttr, r.error, r.created_at, COALESCE(r.due_at <= NOW(6), 0) AS expired
+  FROM justonce_lists l
+  JOIN justonce_list_reservations r ON r.list_id = l.id AND r.request_id = %(request_id)s
+ WHERE l.name = %(name)s;
+
+-- name: list_reservation_lock
+-- The holder's row is locked alone (a locking read locks every row it reads: the list's
+-- row, which reserves take, is read by the second, plain SELECT).
+SELECT id FROM justonce_list_reservations WHERE id = %(id)s FOR UPDATE;
+SELECT r.id, r.list_id, r.secret, r.request_id, r.state, r.due_at, r.ranges, r.held, r.pending,
+       r.attempt, r.ttr, r.error, r.created_at, COALESCE(r.due_at <= NOW(6), 0) AS expired,
+       l.id, l.state, l.total, l.next_position, l.ttr, l.max_attempts, l.batch_id, l.group_id
+  FROM justonce_list_reservations r
+  JOIN justonce_lists l ON l.id = r.list_id
+ WHERE r.id IN %(picked)s AND l.name = %(name)s;
+
+-- name: list_reservation_pending
+UPDATE justonce_list_reservations SET pending = %(pending)s, updated_at = NOW(6) WHERE id = %(id)s;
+
+-- name: list_reservation_touch
+UPDATE justonce_list_reservations
+   SET due_at = NOW(6) + INTERVAL ROUND(%(due_in)s * 1000000) MICROSECOND, updated_at = NOW(6)
+ WHERE id = %(id)s;
+
+-- name: list_reservation_due
+SELECT due_at FROM justonce_list_reservations WHERE id = %(id)s;
+
+-- name: list_reservation_hold
+UPDATE justonce_list_reservations SET held = %(held)s, pending = %(pending)s, updated_at = NOW(6)
+ WHERE id = %(id)s;
+
+-- name: list_reservation_set
+UPDATE justonce_list_reservations
+   SET state = %(state)s, due_at = NOW(6) + INTERVAL ROUND(%(due_in)s * 1000000) MICROSECOND,
+       held = %(held)s, pending = %(pending)s, attempt = %(attempt)s, error = %(error)s,
+       updated_at = NOW(6)
+ WHERE id = %(id)s;
+
+-- name: list_reservation_delete
+DELETE FROM justonce_list_reservations WHERE id = %(id)s;
+
+-- name: list_buried_lock
+SELECT id FROM justonce_list_reservations FORCE INDEX (justonce_list_reservations_state)
+ WHERE list_id = %(list_id)s AND state = 'buried'
+ ORDER BY id
+ LIMIT %(limit)s
+   FOR UPDATE;
+SELECT id, list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr,
+       error, created_at, 0 AS expired
+  FROM justonce_list_reservations WHERE id IN %(picked)s ORDER BY id;
+
+-- name: list_buried
+SELECT r.held, r.attempt, r.error, r.updated_at
+  FROM justonce_lists l
+  JOIN justonce_list_reservations r ON r.list_id = l.id AND r.state = 'buried'
+ WHERE l.name = %(name)s
+ ORDER BY r.id
+ LIMIT %(limit)s;
+
+-- name: list_items
+SELECT i.position, i.item
+  FROM justonce_lists l
+  JOIN justonce_list_items i ON i.list_id = l.id AND i.position >= %(lo)s AND i.position < %(hi)s
+ WHERE l.name = %(name)s
+ ORDER BY i.position;
+
+-- name: list_get
+SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,
+       l.batch_id, l.callbacks, l.created_at, l.sealed_at, l.finished_at,
+       (SELECT SUM(c.pending) FROM justonce_batch_chunks c WHERE c.batch_id = l.batch_id) AS undone
+  FROM justonce_lists l
+ WHERE l.name = %(name)s;
+
+-- name: list_all
+SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,
+       l.batch_id, l.callbacks, l.created_at, l.sealed_at, l.finished_at,
+       (SELECT SUM(c.pending) FROM justonce_batch_chunks c WHERE c.batch_id = l.batch_id) AS undone
+  FROM justonce_lists l
+ ORDER BY l.name
+ LIMIT %(limit)s;
+
+-- name: list_reservation_counts
+SELECT state, COALESCE(state = 'active' AND due_at <= NOW(6), 0) AS expired, SUM(pending)
+  FROM justonce_list_reservations
+ WHERE list_id = %(id)s AND state IN ('active', 'free', 'buried')
+ GROUP BY 1, 2;
+
+-- name: list_bits
+SELECT chunk, bits FROM justonce_batch_chunks
+ WHERE batch_id = %(batch_id)s AND group_id = %(group_id)s AND chunk BETWEEN %(lo)s AND %(hi)s;
+
+-- name: lists_prune_done
+DELETE FROM justonce_list_reservations
+ WHERE state = 'done' AND updated_at < NOW(6) - INTERVAL ROUND(%(retention)s * 1000000) MICROSECOND
+ LIMIT %(limit)s;

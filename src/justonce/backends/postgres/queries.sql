@@ -937,3 +937,169 @@ SELECT q, extract(epoch FROM now() - least(
            WHERE j.state = 'ready' AND j.partition_hash IS NOT NULL AND j.queue = q
            ORDER BY j.id LIMIT 1)))
   FROM unnest(%(queues)s::text[]) q
+
+-- Lists (backends/liststore.py). A reservation row's columns, everywhere: id, list_id,
+-- secret, request_id, state, due_at, ranges, held, pending, attempt, ttr, error, created_at,
+-- and whether its time has come by the database's clock (expired).
+
+-- name: list_create
+INSERT INTO justonce_lists (name, task, state, ttr, max_attempts, callbacks)
+VALUES (%(name)s, %(task)s, 'loading', %(ttr)s, %(max_attempts)s, %(callbacks)s)
+RETURNING id
+
+-- name: list_lock
+-- Every reserve, append, seal and kick of a list takes its row: reserves of one list take
+-- turns for the one cursor step (completions never take it, but for the list's last one).
+SELECT id, state, total, next_position, ttr, max_attempts, batch_id, group_id
+  FROM justonce_lists WHERE name = %(name)s
+   FOR UPDATE
+
+-- name: list_callbacks
+SELECT callbacks FROM justonce_lists WHERE id = %(id)s
+
+-- name: list_item_insert
+-- PostgresBackend loads items with COPY instead (ListOps.insert_items).
+INSERT INTO justonce_list_items (list_id, position, item) VALUES (%(list_id)s, %(position)s, %(item)s)
+
+-- name: list_grow
+UPDATE justonce_lists SET total = %(total)s WHERE id = %(id)s
+
+-- name: list_seal
+UPDATE justonce_lists
+   SET state = 'sealed', sealed_at = now(), batch_id = %(batch_id)s, group_id = %(group_id)s
+ WHERE id = %(id)s
+
+-- name: list_finish
+UPDATE justonce_lists SET state = 'completed', finished_at = now()
+ WHERE batch_id = %(batch_id)s AND state = 'sealed'
+
+-- name: list_advance
+UPDATE justonce_lists SET next_position = %(next_position)s WHERE id = %(id)s
+
+-- name: list_drop_items
+DELETE FROM justonce_list_items WHERE list_id = %(id)s
+
+-- name: list_drop_reservations
+DELETE FROM justonce_list_reservations WHERE list_id = %(id)s
+
+-- name: list_drop
+DELETE FROM justonce_lists WHERE id = %(id)s
+
+-- name: list_due
+-- The oldest row whose time has come (an active one past its TTR, a free one past its
+-- delay), skipping one that its holder is completing right now: the partial index on
+-- (list_id, due_at) holds only active and free rows, and the live ones are all in the
+-- future, so this reads nothing when nothing is due.
+SELECT id, list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr,
+       error, created_at, true AS expired
+  FROM justonce_list_reservations
+ WHERE list_id = %(list_id)s AND due_at <= now()
+ ORDER BY due_at
+ LIMIT 1
+   FOR UPDATE SKIP LOCKED
+
+-- name: list_reservation_insert
+INSERT INTO justonce_list_reservations
+       (list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr, error)
+VALUES (%(list_id)s, %(secret)s, %(request_id)s, %(state)s,
+        now() + %(due_in)s::float8 * interval '1 second', %(ranges)s, %(held)s, %(pending)s,
+        %(attempt)s, %(ttr)s, %(error)s)
+RETURNING id, due_at
+
+-- name: list_reservation_by_request
+SELECT r.id, r.list_id, r.secret, r.request_id, r.state, r.due_at, r.ranges, r.held, r.pending,
+       r.attempt, r.ttr, r.error, r.created_at, coalesce(r.due_at <= now(), false) AS expired
+  FROM justonce_lists l
+  JOIN justonce_list_reservations r ON r.list_id = l.id AND r.request_id = %(request_id)s
+ WHERE l.name = %(name)s
+
+-- name: list_reservation_lock
+-- The holder's row, locked (a re-offer that wants it skips it; a completion waits); the
+-- list's columns are read, not locked.
+SELECT r.id, r.list_id, r.secret, r.request_id, r.state, r.due_at, r.ranges, r.held, r.pending,
+       r.attempt, r.ttr, r.error, r.created_at, coalesce(r.due_at <= now(), false) AS expired,
+       l.id, l.state, l.total, l.next_position, l.ttr, l.max_attempts, l.batch_id, l.group_id
+  FROM justonce_list_reservations r
+  JOIN justonce_lists l ON l.id = r.list_id
+ WHERE r.id = %(id)s AND l.name = %(name)s
+   FOR UPDATE OF r
+
+-- name: list_reservation_pending
+UPDATE justonce_list_reservations SET pending = %(pending)s, updated_at = now() WHERE id = %(id)s
+
+-- name: list_reservation_touch
+UPDATE justonce_list_reservations
+   SET due_at = now() + %(due_in)s::float8 * interval '1 second', updated_at = now()
+ WHERE id = %(id)s
+
+-- name: list_reservation_due
+SELECT due_at FROM justonce_list_reservations WHERE id = %(id)s
+
+-- name: list_reservation_hold
+UPDATE justonce_list_reservations SET held = %(held)s, pending = %(pending)s, updated_at = now()
+ WHERE id = %(id)s
+
+-- name: list_reservation_set
+UPDATE justonce_list_reservations
+   SET state = %(state)s, due_at = now() + %(due_in)s::float8 * interval '1 second',
+       held = %(held)s, pending = %(pending)s, attempt = %(attempt)s, error = %(error)s,
+       updated_at = now()
+ WHERE id = %(id)s
+
+-- name: list_reservation_delete
+DELETE FROM justonce_list_reservations WHERE id = %(id)s
+
+-- name: list_buried_lock
+SELECT id, list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr,
+       error, created_at, false AS expired
+  FROM justonce_list_reservations
+ WHERE list_id = %(list_id)s AND state = 'buried'
+ ORDER BY id
+ LIMIT %(limit)s
+   FOR UPDATE
+
+-- name: list_buried
+SELECT r.held, r.attempt, r.error, r.updated_at
+  FROM justonce_lists l
+  JOIN justonce_list_reservations r ON r.list_id = l.id AND r.state = 'buried'
+ WHERE l.name = %(name)s
+ ORDER BY r.id
+ LIMIT %(limit)s
+
+-- name: list_items
+SELECT i.position, i.item
+  FROM justonce_lists l
+  JOIN justonce_list_items i ON i.list_id = l.id AND i.position >= %(lo)s AND i.position < %(hi)s
+ WHERE l.name = %(name)s
+ ORDER BY i.position
+
+-- name: list_get
+SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,
+       l.batch_id, l.callbacks, l.created_at, l.sealed_at, l.finished_at,
+       (SELECT sum(c.pending) FROM justonce_batch_chunks c WHERE c.batch_id = l.batch_id) AS undone
+  FROM justonce_lists l
+ WHERE l.name = %(name)s
+
+-- name: list_all
+SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,
+       l.batch_id, l.callbacks, l.created_at, l.sealed_at, l.finished_at,
+       (SELECT sum(c.pending) FROM justonce_batch_chunks c WHERE c.batch_id = l.batch_id) AS undone
+  FROM justonce_lists l
+ ORDER BY l.name
+ LIMIT %(limit)s
+
+-- name: list_reservation_counts
+SELECT state, coalesce(state = 'active' AND due_at <= now(), false) AS expired, sum(pending)
+  FROM justonce_list_reservations
+ WHERE list_id = %(id)s AND state IN ('active', 'free', 'buried')
+ GROUP BY 1, 2
+
+-- name: list_bits
+SELECT chunk, bits FROM justonce_batch_chunks
+ WHERE batch_id = %(batch_id)s AND group_id = %(group_id)s AND chunk BETWEEN %(lo)s AND %(hi)s
+
+-- name: lists_prune_done
+DELETE FROM justonce_list_reservations
+ WHERE id IN (SELECT id FROM justonce_list_reservations
+               WHERE state = 'done' AND updated_at < now() - %(retention)s * interval '1 second'
+               LIMIT %(limit)s)

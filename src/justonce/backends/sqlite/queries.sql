@@ -673,3 +673,158 @@ SELECT h.q, NOW() - min(coalesce(h.a, h.b), coalesce(h.b, h.a))
                  WHERE j.state = 'ready' AND j.partition_hash IS NOT NULL AND j.queue = q.value
                  ORDER BY j.id LIMIT 1) AS b
           FROM json_each(:queues) q) h
+
+-- Lists (backends/liststore.py; see the PostgreSQL queries). A reservation row's columns: id, list_id,
+-- secret, request_id, state, due_at, ranges, held, pending, attempt, ttr, error, created_at,
+-- and whether its time has come by the database's clock (expired).
+
+-- name: list_create
+INSERT INTO justonce_lists (name, task, state, ttr, max_attempts, callbacks, created_at)
+VALUES (:name, :task, 'loading', :ttr, :max_attempts, :callbacks, NOW())
+RETURNING id
+
+-- name: list_lock
+SELECT id, state, total, next_position, ttr, max_attempts, batch_id, group_id
+  FROM justonce_lists WHERE name = :name
+
+-- name: list_callbacks
+SELECT callbacks FROM justonce_lists WHERE id = :id
+
+-- name: list_item_insert
+INSERT INTO justonce_list_items (list_id, position, item) VALUES (:list_id, :position, :item)
+
+-- name: list_grow
+UPDATE justonce_lists SET total = :total WHERE id = :id
+
+-- name: list_seal
+UPDATE justonce_lists
+   SET state = 'sealed', sealed_at = NOW(), batch_id = :batch_id, group_id = :group_id
+ WHERE id = :id
+
+-- name: list_finish
+UPDATE justonce_lists SET state = 'completed', finished_at = NOW()
+ WHERE batch_id = :batch_id AND state = 'sealed'
+
+-- name: list_advance
+UPDATE justonce_lists SET next_position = :next_position WHERE id = :id
+
+-- name: list_drop_items
+DELETE FROM justonce_list_items WHERE list_id = :id
+
+-- name: list_drop_reservations
+DELETE FROM justonce_list_reservations WHERE list_id = :id
+
+-- name: list_drop
+DELETE FROM justonce_lists WHERE id = :id
+
+-- name: list_due
+-- The oldest row whose time has come (an active one past its TTR, a free one past its
+-- delay). The write transaction excludes every other writer.
+SELECT id, list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr,
+       error, created_at, true AS expired
+  FROM justonce_list_reservations
+ WHERE list_id = :list_id AND due_at <= NOW()
+ ORDER BY due_at
+ LIMIT 1
+
+-- name: list_reservation_insert
+INSERT INTO justonce_list_reservations
+       (list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr, error,
+        created_at, updated_at)
+VALUES (:list_id, :secret, :request_id, :state, NOW() + :due_in, :ranges, :held, :pending,
+        :attempt, :ttr, :error, NOW(), NOW())
+RETURNING id, due_at
+
+-- name: list_reservation_by_request
+SELECT r.id, r.list_id, r.secret, r.request_id, r.state, r.due_at, r.ranges, r.held, r.pending,
+       r.attempt, r.ttr, r.error, r.created_at, coalesce(r.due_at <= NOW(), false) AS expired
+  FROM justonce_lists l
+  JOIN justonce_list_reservations r ON r.list_id = l.id AND r.request_id = :request_id
+ WHERE l.name = :name
+
+-- name: list_reservation_lock
+SELECT r.id, r.list_id, r.secret, r.request_id, r.state, r.due_at, r.ranges, r.held, r.pending,
+       r.attempt, r.ttr, r.error, r.created_at, coalesce(r.due_at <= NOW(), false) AS expired,
+       l.id, l.state, l.total, l.next_position, l.ttr, l.max_attempts, l.batch_id, l.group_id
+  FROM justonce_list_reservations r
+  JOIN justonce_lists l ON l.id = r.list_id
+ WHERE r.id = :id AND l.name = :name
+
+-- name: list_reservation_pending
+UPDATE justonce_list_reservations SET pending = :pending, updated_at = NOW() WHERE id = :id
+
+-- name: list_reservation_touch
+UPDATE justonce_list_reservations
+   SET due_at = NOW() + :due_in, updated_at = NOW()
+ WHERE id = :id
+
+-- name: list_reservation_due
+SELECT due_at FROM justonce_list_reservations WHERE id = :id
+
+-- name: list_reservation_hold
+UPDATE justonce_list_reservations SET held = :held, pending = :pending, updated_at = NOW()
+ WHERE id = :id
+
+-- name: list_reservation_set
+UPDATE justonce_list_reservations
+   SET state = :state, due_at = NOW() + :due_in,
+       held = :held, pending = :pending, attempt = :attempt, error = :error,
+       updated_at = NOW()
+ WHERE id = :id
+
+-- name: list_reservation_delete
+DELETE FROM justonce_list_reservations WHERE id = :id
+
+-- name: list_buried_lock
+SELECT id, list_id, secret, request_id, state, due_at, ranges, held, pending, attempt, ttr,
+       error, created_at, false AS expired
+  FROM justonce_list_reservations
+ WHERE list_id = :list_id AND state = 'buried'
+ ORDER BY id
+ LIMIT :limit
+
+-- name: list_buried
+SELECT r.held, r.attempt, r.error, r.updated_at
+  FROM justonce_lists l
+  JOIN justonce_list_reservations r ON r.list_id = l.id AND r.state = 'buried'
+ WHERE l.name = :name
+ ORDER BY r.id
+ LIMIT :limit
+
+-- name: list_items
+SELECT i.position, i.item
+  FROM justonce_lists l
+  JOIN justonce_list_items i ON i.list_id = l.id AND i.position >= :lo AND i.position < :hi
+ WHERE l.name = :name
+ ORDER BY i.position
+
+-- name: list_get
+SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,
+       l.batch_id, l.callbacks, l.created_at, l.sealed_at, l.finished_at,
+       (SELECT sum(c.pending) FROM justonce_batch_chunks c WHERE c.batch_id = l.batch_id) AS undone
+  FROM justonce_lists l
+ WHERE l.name = :name
+
+-- name: list_all
+SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,
+       l.batch_id, l.callbacks, l.created_at, l.sealed_at, l.finished_at,
+       (SELECT sum(c.pending) FROM justonce_batch_chunks c WHERE c.batch_id = l.batch_id) AS undone
+  FROM justonce_lists l
+ ORDER BY l.name
+ LIMIT :limit
+
+-- name: list_reservation_counts
+SELECT state, coalesce(state = 'active' AND due_at <= NOW(), false) AS expired, sum(pending)
+  FROM justonce_list_reservations
+ WHERE list_id = :id AND state IN ('active', 'free', 'buried')
+ GROUP BY 1, 2
+
+-- name: list_bits
+SELECT chunk, bits FROM justonce_batch_chunks
+ WHERE batch_id = :batch_id AND group_id = :group_id AND chunk BETWEEN :lo AND :hi
+
+-- name: lists_prune_done
+DELETE FROM justonce_list_reservations
+ WHERE id IN (SELECT id FROM justonce_list_reservations
+               WHERE state = 'done' AND updated_at < NOW() - :retention
+               LIMIT :limit)

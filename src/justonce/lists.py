@@ -1,0 +1,375 @@
+"""Lists: pre-loaded work handed out in O(1), nothing lost, no position completed twice.
+
+A producer ``create``s a list and loads its items (any number, streamed), which get dense
+positions ``0..n-1``; sealing makes them immutable. Consumers then ``reserve`` the next ``k``
+positions in one atomic step (a cursor moves: no scan, no per-item lock) and get a
+reservation with a fencing token and a time to run (TTR). As in beanstalkd, ``touch``
+extends it, ``release`` gives positions back (optionally after a delay), ``bury`` parks
+positions that keep failing and ``kick`` revives them. Positions are completed by token; a
+token that no longer holds them (it timed out, was released, ...) is refused with
+:class:`~justonce.errors.StaleReservation`, never a silent success. A reservation whose TTR
+passes is handed out again before new positions, and only its unfinished positions. The done
+positions are bits, so ten million items cost megabytes of bookkeeping. A list completes
+exactly once: its ``on_complete`` job is enqueued in the transaction that completes the last
+position (it is a batch underneath: ``backends/liststore.py``).
+
+``run_next`` is the trigger of an HTTP request (``POST /lists/{name}/next``): reserve one
+position, run the list's task on its item here and now, complete it, answer with the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import itertools
+import json
+import re
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from . import validate
+from .errors import (
+    InvalidArguments,
+    InvalidName,
+    InvalidOption,
+    ListNotFound,
+    PayloadTooLarge,
+    StaleReservation,
+    UnknownTask,
+)
+from .items import MAX_GROUP_ITEMS
+from .models import BuriedRange, ListCompletion, ListInfo, ListProgress, Reservation
+from .tasks import Enqueue, Task
+
+if TYPE_CHECKING:
+    from .app import App
+
+LIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+MAX_RESERVE = 10_000
+"""Positions one reserve may ask for."""
+MAX_ITEMS = MAX_GROUP_ITEMS
+"""Items one list may hold."""
+MAX_ITEM_BYTES = validate.MAX_PAYLOAD_BYTES
+"""One item's JSON text, at most (256 KiB)."""
+MAX_TTR = 7 * 86400.0
+DEFAULT_TTR = 60.0
+DEFAULT_MAX_ATTEMPTS = 5
+LOAD_CHUNK = 10_000
+"""Items appended per transaction while loading (a crash loses at most the open one)."""
+MAX_REQUEST_ID = 200
+_TOKEN = re.compile(r"^([1-9][0-9]{0,18})\.([0-9a-f]{16})$")
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+Target = Reservation | str
+
+
+@dataclass(frozen=True, slots=True)
+class ListRun:
+    """What ``run_next`` did with one position: ``outcome`` is ``completed`` (``result``
+    is the task's return value), ``released`` (it raised; the position is handed out
+    again after a backoff), ``buried`` (it raised on its last attempt) or ``stale`` (the
+    reservation timed out while the task ran: the position is someone else's now)."""
+
+    list: str
+    position: int
+    item: Any
+    attempt: int
+    outcome: str
+    result: Any = None
+    error: str | None = None
+    list_completed: bool = False
+
+
+def list_name(value: Any) -> str:
+    if not isinstance(value, str) or not LIST_NAME.match(value):
+        raise InvalidName(f"a list name is 1-63 letters, digits, '_', '.', ':' or '-' "
+                          f"starting with a letter or digit, not {value!r}")
+    return value
+
+
+def parse_token(token: Any) -> tuple[int, str]:
+    """``"<reservation id>.<secret>"`` → (id, secret); a malformed token is refused the same
+    way as a stale one (it holds nothing)."""
+    if not isinstance(token, str):
+        raise InvalidOption(f"a reservation token is a string, not {type(token).__name__}")
+    m = _TOKEN.match(token)
+    if m is None:
+        raise StaleReservation("not a reservation token (they look like 123.0123456789abcdef)")
+    return int(m.group(1)), m.group(2)
+
+
+def item_json(item: Any) -> str:
+    """One item as stored: JSON text, at most MAX_ITEM_BYTES, nested at most 64 deep."""
+    try:
+        text = _ENCODER.encode(item)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidArguments(f"a list item must be JSON-serialisable: {exc}") from None
+    if validate._too_deep(text):
+        raise InvalidArguments(f"a list item may nest at most {validate.MAX_JSON_DEPTH} deep")
+    n = validate._storable_size(text, "list items")
+    if n > MAX_ITEM_BYTES:
+        raise PayloadTooLarge(f"a list item is at most {MAX_ITEM_BYTES} bytes of JSON, not {n}")
+    return text
+
+
+class Lists:
+    """The list API of an :class:`~justonce.App` (``app.lists``)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    # -- loading --------------------------------------------------------------------------
+    def create(self, name: str, *, task: str | Task | None = None,
+               items: Iterable[Any] | None = None, seal: bool = True,
+               ttr: float = DEFAULT_TTR, max_attempts: int | None = None,
+               on_complete: str | Task | Enqueue | None = None) -> ListInfo:
+        """Create a list and (``items``) load it, streamed in transactions of
+        ``LOAD_CHUNK`` items, then seal it (``seal=False``: leave it open for ``append``).
+
+        ``task``: what ``run_next`` runs on each item (``task(item)``); lists that are only
+        reserved and completed by their consumers need none. ``ttr``: the default time to
+        run of a reservation, in seconds. ``max_attempts``: how often ``run_next`` hands
+        out a position whose task raises before it buries it (default: the task's, else 5).
+        ``on_complete``: a task enqueued once when every position is done, with the
+        keyword argument ``batch`` (a dict: ``description`` is ``"list:<name>"``, ``total``).
+        """
+        name = list_name(name)
+        task_name = None
+        if task is not None:
+            task_name, known = self.app._resolve(task)
+            if max_attempts is None and known is not None:
+                max_attempts = known.max_attempts
+        attempts = validate.attempts(DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts)
+        ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
+        callbacks = {}
+        if on_complete is not None:
+            callbacks["complete"] = self.app.batches._callback("complete", on_complete)
+        if not isinstance(seal, bool):
+            raise InvalidOption("seal must be True or False")
+        stream = None if items is None else _iterable(items)
+        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks)
+        if stream is not None:
+            self.append(name, stream)
+        if seal:
+            return self.seal(name)
+        return self.get(name)
+
+    def append(self, name: str, items: Iterable[Any]) -> int:
+        """Append items to a list that is still loading, in transactions of ``LOAD_CHUNK``
+        (each item checked before its transaction starts); how many were appended."""
+        name = list_name(name)
+        backend = self.app.backend.lists
+        n = 0
+        for chunk in _chunks(_iterable(items), LOAD_CHUNK):
+            texts = [item_json(x) for x in chunk]
+            backend.append(name, texts, MAX_ITEMS)
+            n += len(texts)
+        if n == 0:
+            self.get(name)  # an unknown name still says so
+        return n
+
+    def seal(self, name: str) -> ListInfo:
+        """Seal a list: its items become immutable and its positions can be reserved. An
+        empty list completes at once. Sealing a sealed list changes nothing."""
+        name = list_name(name)
+        self.app.backend.lists.seal(name, f"list:{name}")
+        return self.get(name)
+
+    def drop(self, name: str) -> bool:
+        """Delete a list, its items, reservations and bookkeeping; False if there was none."""
+        return self.app.backend.lists.drop(list_name(name))
+
+    # -- handing out ----------------------------------------------------------------------
+    def reserve(self, name: str, k: int = 1, *, ttr: float | None = None,
+                request_id: str | None = None) -> Reservation | None:
+        """Reserve up to ``k`` positions for ``ttr`` seconds (default: the list's): those of
+        a reservation that timed out or was given back first, else the next fresh ones.
+        None when nothing can be handed out now (all done, or all held by others).
+
+        ``request_id``: a caller whose answer was lost asks again with the same id and
+        gets the same reservation (same token, same positions)."""
+        name = list_name(name)
+        k = validate.count(k, "k", MAX_RESERVE)
+        if k < 1:
+            raise InvalidOption(f"k must be at least 1, not {k}")
+        if ttr is not None:
+            ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
+        if request_id is not None:
+            request_id = validate.text(request_id, "request_id", MAX_REQUEST_ID)
+            if not request_id:
+                raise InvalidOption("request_id must not be empty")
+        got = self.app.backend.lists.reserve(name, k, ttr, request_id)
+        if got is None:
+            self._exists(name)
+        return got
+
+    def items(self, reservation: Reservation) -> list[tuple[int, Any]]:
+        """The reservation's (position, item) pairs, in position order."""
+        if not isinstance(reservation, Reservation):
+            raise InvalidOption("items() takes a Reservation")
+        return [(p, json.loads(text))
+                for p, text in self.app.backend.lists.items(reservation.list, reservation.ranges)]
+
+    def complete(self, target: Target, token: str | None = None,
+                 positions: Iterable[int] | None = None) -> ListCompletion:
+        """Mark positions done (default: every position the reservation holds). Give the
+        :class:`Reservation`, or the list's name and the token. Positions the reservation
+        does not hold raise :class:`~justonce.errors.PositionNotReserved`, a stale token
+        :class:`~justonce.errors.StaleReservation`; either way nothing changes."""
+        name, row_id, secret = self._target(target, token)
+        return self.app.backend.lists.complete(name, row_id, secret, _positions(positions))
+
+    def touch(self, target: Target, token: str | None = None, *,
+              ttr: float | None = None) -> datetime:
+        """Extend a reservation's time to run to ``ttr`` seconds from now (default: its
+        own TTR); the new expiry time."""
+        name, row_id, secret = self._target(target, token)
+        if ttr is not None:
+            ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
+        return self.app.backend.lists.touch(name, row_id, secret, ttr)
+
+    def release(self, target: Target, token: str | None = None, *, delay: float = 0.0,
+                positions: Iterable[int] | None = None) -> int:
+        """Give positions back (default: all), to be handed out again after ``delay``
+        seconds; the number given back (done ones are not). Releasing all of them ends
+        the reservation: its token is refused from then on."""
+        name, row_id, secret = self._target(target, token)
+        delay = validate.bounded(delay, "delay", 0.0, validate.MAX_DELAY_SECONDS)
+        return self.app.backend.lists.release(name, row_id, secret, delay, _positions(positions))
+
+    def bury(self, target: Target, token: str | None = None, *,
+             positions: Iterable[int] | None = None, reason: str | None = None) -> int:
+        """Park positions (default: all) until an operator kicks them: they are not handed
+        out, and the list cannot complete while any is buried."""
+        name, row_id, secret = self._target(target, token)
+        if reason is not None:
+            reason = validate.error_text(validate.text(reason, "reason", validate.MAX_ERROR_CHARS))
+        return self.app.backend.lists.bury(name, row_id, secret, _positions(positions), reason)
+
+    def kick(self, name: str, limit: int = MAX_ITEMS) -> int:
+        """Hand buried positions out again (oldest first, up to ``limit``), with their
+        attempts counted afresh; how many were kicked."""
+        name = list_name(name)
+        limit = validate.count(limit, "limit", MAX_ITEMS)
+        self._exists(name)
+        return self.app.backend.lists.kick(name, limit)
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, name: str) -> ListInfo:
+        info = self.app.backend.lists.info(list_name(name))
+        if info is None:
+            raise ListNotFound(f"no list named {name!r}")
+        return info
+
+    def progress(self, name: str) -> ListProgress:
+        return self.get(name).progress
+
+    def list(self, limit: int = 100) -> builtins.list[ListInfo]:
+        return self.app.backend.lists.all(validate.count(limit, "limit", 10_000))
+
+    def buried(self, name: str, limit: int = 100) -> builtins.list[BuriedRange]:
+        name = list_name(name)
+        self._exists(name)
+        return self.app.backend.lists.buried(name, validate.count(limit, "limit", 10_000))
+
+    def prune(self, retention: float = 86400.0) -> int:
+        """Forget finished reservations kept for their request ids, older than ``retention``
+        seconds (a request id asked again after that gets new positions)."""
+        return self.app.backend.lists.prune(
+            validate.bounded(retention, "retention", 0.0, validate.MAX_DELAY_SECONDS))
+
+    # -- the trigger ----------------------------------------------------------------------
+    def run_next(self, name: str, *, ttr: float | None = None) -> ListRun | None:
+        """Reserve the next position, run the list's task on its item here, and complete
+        it. A task that raises releases the position after its backoff, or buries it on
+        the list's last attempt. None when nothing can be handed out now."""
+        info = self.get(name)
+        if info.task is None:
+            raise InvalidOption(f"list {name!r} has no task: reserve and complete it instead")
+        task = self.app.tasks.get(info.task)
+        if task is None:
+            raise UnknownTask(f"list {name!r} runs task {info.task!r}, which is not registered here")
+        res = self.reserve(name, 1, ttr=ttr)
+        if res is None:
+            return None
+        (position, item), = self.items(res)
+        try:
+            result = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
+            validate.result_json(result)
+        except Exception as exc:  # noqa: BLE001 - the task's failure is the answer
+            error = validate.error_text(f"{type(exc).__name__}: {exc}")
+            try:
+                if res.attempt >= info.max_attempts:
+                    self.bury(res, reason=error)
+                    return ListRun(name, position, item, res.attempt, "buried", error=error)
+                self.release(res, delay=task.retry_delay(res.attempt))
+                return ListRun(name, position, item, res.attempt, "released", error=error)
+            except StaleReservation:
+                return ListRun(name, position, item, res.attempt, "stale", error=error)
+        try:
+            done = self.complete(res)
+        except StaleReservation as exc:
+            return ListRun(name, position, item, res.attempt, "stale", result, str(exc))
+        return ListRun(name, position, item, res.attempt, "completed", result,
+                       list_completed=done.list_completed)
+
+    def drain(self, name: str, *, poll: float = 0.2, stop: Any = None) -> Iterator[ListRun]:
+        """``run_next`` until the list has nothing ready or reserved (positions held by
+        others are waited for: they may time out and come back), yielding each run.
+        ``stop``: an object with ``is_set()`` (a threading.Event) that ends it early."""
+        while stop is None or not stop.is_set():
+            run = self.run_next(name)
+            if run is not None:
+                yield run
+                continue
+            p = self.progress(name)
+            if p.ready == 0 and p.reserved == 0:
+                return
+            time.sleep(poll)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _exists(self, name: str) -> None:
+        if self.app.backend.lists.info(name) is None:
+            raise ListNotFound(f"no list named {name!r}")
+
+    @staticmethod
+    def _target(target: Target, token: str | None) -> tuple[str, int, str]:
+        if isinstance(target, Reservation):
+            if token is not None:
+                raise InvalidOption("give a Reservation, or a list name and a token, not both")
+            name, token = target.list, target.token
+        else:
+            name = list_name(target)
+            if token is None:
+                raise InvalidOption("a reservation token is needed with a list name")
+        row_id, secret = parse_token(token)
+        return name, row_id, secret
+
+
+def _iterable(items: Any) -> Iterable[Any]:
+    if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
+        raise InvalidOption("items must be an iterable of JSON values (a list, a generator)")
+    return items
+
+
+def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk
+
+
+def _positions(positions: Iterable[int] | None) -> Sequence[int] | None:
+    if positions is None:
+        return None
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, Iterable):
+        raise InvalidOption("positions must be an iterable of integers")
+    out = []
+    for p in positions:
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise InvalidOption(f"a position is an integer >= 0, not {p!r}")
+        out.append(p)
+    if len(out) > MAX_RESERVE:
+        raise InvalidOption(f"at most {MAX_RESERVE} positions per call")
+    return out
