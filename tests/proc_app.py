@@ -594,3 +594,42 @@ def takeover_step(n: int, key: str, seconds: float) -> int:
     time.sleep(seconds)
     _run_on_ledger(_TAKEOVER_END, (run, n, key, os.getpid(), time.time()))
     return os.getpid()
+
+
+def list_reserver(url: str, name: str, seed: int, log_path: str, ttr: float, pause: float) -> None:
+    """Reserve random k positions of list ``name``, "work" ``pause`` s, and complete them in
+    one or two calls, until nothing is ready or reserved. Its log (line-buffered):
+    ``R token positions`` once a reserve returned, ``S token`` as a completion starts,
+    ``C token positions`` with the positions a
+    completion accepted (not those already done), ``X token positions`` when a completion
+    was refused as stale. A kill -9 can lose the line of a call that committed, never add one."""
+    own = justonce.App(url, strict=False)
+    rnd = random.Random(seed)
+    with open(log_path, "a", buffering=1) as log:
+        while True:
+            res = own.lists.reserve(name, rnd.randint(1, 200), ttr=ttr)
+            if res is None:
+                p = own.lists.progress(name)
+                if p.ready == 0 and p.reserved == 0:
+                    log.write("E\n")
+                    return
+                time.sleep(0.05)
+                continue
+            log.write(f"R {res.token} {' '.join(map(str, res.positions))}\n")
+            time.sleep(pause)
+            cut = rnd.randint(0, res.count)
+            for part in (res.positions[:cut], res.positions[cut:]):
+                if not part:
+                    continue
+                log.write(f"S {res.token}\n")
+                try:
+                    try:
+                        got = own.lists.complete(res, positions=part)
+                    except justonce.DatabaseUnavailable:
+                        # In doubt (the connection broke): a completion is safe to repeat.
+                        got = own.lists.complete(res, positions=part)
+                except justonce.StaleReservation:
+                    log.write(f"X {res.token} {' '.join(map(str, part))}\n")
+                    break
+                done = [p for p in part if p not in set(got.already)]
+                log.write(f"C {res.token} {' '.join(map(str, done))}\n")

@@ -28,7 +28,7 @@ import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..errors import (
@@ -267,8 +267,14 @@ class ListOps:
         if not rows:
             return None
         row = _row(rows[0])
-        return Reservation(name, token_of(row.id, row.secret), row.ranges,
-                           self.d.time(row.due_at) or self.d.time(row.created_at),  # type: ignore[arg-type]
+        # A live row's expiry is its due_at; a finished one has none left, and answers the
+        # expiry it was handed out with (created in the same statement as its first due_at).
+        expires = self.d.time(row.due_at) if row.state == "active" else None
+        if expires is None:
+            created = self.d.time(row.created_at)
+            assert created is not None
+            expires = created + timedelta(seconds=row.ttr)
+        return Reservation(name, token_of(row.id, row.secret), row.ranges, expires,
                            row.attempt, row.ttr, request_id)
 
     # -- the holder's writes --------------------------------------------------------------------

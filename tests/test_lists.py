@@ -1,0 +1,408 @@
+"""Lists, against every backend: load and seal, reserve in cursor steps, completion by
+fencing token, re-offer of timed-out positions (only their unfinished ones, before fresh
+ones), touch, release, bury and kick, lost answers replayed by request id, run_next,
+exactly-once completion with threads racing, bookkeeping size, and bad input."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from justonce import (
+    App,
+    InvalidArguments,
+    InvalidName,
+    InvalidOption,
+    ListExists,
+    ListNotFound,
+    ListNotSealed,
+    ListSealed,
+    PayloadTooLarge,
+    PositionNotReserved,
+    Reservation,
+    StaleReservation,
+    UnknownTask,
+    ValidationError,
+)
+from justonce.items import CHUNK_BITS
+from justonce.lists import MAX_RESERVE
+
+
+def callbacks(app: App) -> list[dict[str, Any]]:
+    """The on_complete jobs enqueued so far (their batch summaries)."""
+    return [j.kwargs["batch"] for j in app.list_jobs(task="list_done", limit=100)]
+
+
+@pytest.fixture
+def lapp(app: App) -> App:
+    @app.task(name="list_done")
+    def list_done(batch: dict[str, Any]) -> None:
+        pass
+
+    return app
+
+
+def drain(app: App, name: str, k: int = 100) -> int:
+    n = 0
+    while (res := app.lists.reserve(name, k)) is not None:
+        n += app.lists.complete(res).completed
+    return n
+
+
+# -- loading and the lifecycle -------------------------------------------------------------------
+def test_a_list_is_loaded_sealed_handed_out_in_order_and_completes_once(lapp: App) -> None:
+    info = lapp.lists.create("people", items=({"n": i} for i in range(2500)), on_complete="list_done")
+    assert (info.state, info.progress.total, info.progress.ready) == ("sealed", 2500, 2500)
+    first = lapp.lists.reserve("people", 3)
+    assert first is not None and first.ranges == ((0, 3),) and first.attempt == 1
+    assert lapp.lists.items(first) == [(0, {"n": 0}), (1, {"n": 1}), (2, {"n": 2})]
+    second = lapp.lists.reserve("people", 1000)
+    assert second is not None and second.ranges == ((3, 1003),)
+    p = lapp.lists.progress("people")
+    assert (p.ready, p.reserved, p.done, p.buried) == (1497, 1003, 0, 0)
+    assert lapp.lists.complete(first).completed == 3
+    assert lapp.lists.complete(second, positions=range(3, 500)).completed == 497
+    assert lapp.lists.complete(second).completed == 503  # the rest it holds
+    assert callbacks(lapp) == []
+    assert drain(lapp, "people", 700) == 1497
+    done = lapp.lists.get("people")
+    assert done.state == "completed" and done.finished_at is not None
+    assert (done.progress.done, done.progress.ready, done.progress.reserved) == (2500, 0, 0)
+    [summary] = callbacks(lapp)
+    assert summary["description"] == "list:people" and summary["total"] == 2500
+    assert lapp.lists.reserve("people", 5) is None
+
+
+def test_an_empty_list_completes_when_it_is_sealed(lapp: App) -> None:
+    info = lapp.lists.create("nobody", items=[], on_complete="list_done")
+    assert info.state == "completed" and info.progress.total == 0
+    assert len(callbacks(lapp)) == 1
+    assert lapp.lists.reserve("nobody") is None
+
+
+def test_appends_come_before_the_seal_and_none_after(lapp: App) -> None:
+    lapp.lists.create("open", seal=False)
+    assert lapp.lists.append("open", [1, 2]) == 2
+    assert lapp.lists.append("open", iter([3])) == 1
+    with pytest.raises(ListNotSealed):
+        lapp.lists.reserve("open")
+    assert lapp.lists.get("open").state == "loading"
+    assert lapp.lists.seal("open").progress.total == 3
+    assert lapp.lists.seal("open").state == "sealed"  # again: nothing changes
+    with pytest.raises(ListSealed):
+        lapp.lists.append("open", [4])
+    res = lapp.lists.reserve("open", 10)
+    assert res is not None and [i for _, i in lapp.lists.items(res)] == [1, 2, 3]
+
+
+def test_names_are_unique_and_unknown_names_are_refused_everywhere(lapp: App) -> None:
+    lapp.lists.create("once", items=[1])
+    with pytest.raises(ListExists):
+        lapp.lists.create("once", items=[2])
+    assert lapp.lists.get("once").progress.total == 1
+    calls = [
+        lambda: lapp.lists.get("ghost"), lambda: lapp.lists.reserve("ghost"),
+        lambda: lapp.lists.append("ghost", [1]), lambda: lapp.lists.append("ghost", []),
+        lambda: lapp.lists.seal("ghost"), lambda: lapp.lists.kick("ghost"),
+        lambda: lapp.lists.buried("ghost"), lambda: lapp.lists.run_next("ghost"),
+    ]
+    for call in calls:
+        with pytest.raises(ListNotFound):
+            call()
+    with pytest.raises(StaleReservation):
+        lapp.lists.complete("ghost", "1.0123456789abcdef")
+    assert lapp.lists.drop("once") and not lapp.lists.drop("once")
+    lapp.lists.create("once", items=[3])  # the name is free again
+    assert [i.name for i in lapp.lists.list()] == ["once"]
+
+
+# -- time to run, re-offers, fencing ----------------------------------------------------------------
+def test_a_timed_out_reservation_is_refused_and_only_its_unfinished_positions_come_back_first(
+    lapp: App,
+) -> None:
+    lapp.lists.create("ttr", items=range(100))
+    old = lapp.lists.reserve("ttr", 10, ttr=0.3)
+    assert old is not None
+    assert lapp.lists.complete(old, positions=[0, 4, 9]).completed == 3
+    time.sleep(0.5)
+    before = lapp.lists.progress("ttr")
+    assert (before.reserved, before.done, before.ready) == (0, 3, 97)
+    for write in (lambda: lapp.lists.complete(old), lambda: lapp.lists.touch(old),
+                  lambda: lapp.lists.release(old), lambda: lapp.lists.bury(old)):
+        with pytest.raises(StaleReservation, match="timed out"):
+            write()
+    assert lapp.lists.progress("ttr") == before
+    # Re-offered before fresh positions, k at a time, without the done ones.
+    a = lapp.lists.reserve("ttr", 4)
+    b = lapp.lists.reserve("ttr", 4)
+    c = lapp.lists.reserve("ttr", 4)
+    assert a is not None and b is not None and c is not None
+    assert (a.positions, b.positions, c.positions) == ([1, 2, 3, 5], [6, 7, 8], [10, 11, 12, 13])
+    assert (a.attempt, b.attempt, c.attempt) == (2, 2, 1)
+    with pytest.raises(StaleReservation):  # the old token stays refused after the re-offer
+        lapp.lists.complete(old, positions=[1])
+    assert lapp.lists.complete(a).completed == 4
+
+
+def test_touch_extends_the_time_to_run(lapp: App) -> None:
+    lapp.lists.create("touch", items=range(5))
+    res = lapp.lists.reserve("touch", 2, ttr=0.4)
+    assert res is not None
+    until = lapp.lists.touch(res, ttr=30)
+    assert until > res.expires_at
+    time.sleep(0.6)
+    assert lapp.lists.reserve("touch", 2).positions == [2, 3]  # not 0, 1: still held
+    assert lapp.lists.complete(res).completed == 2
+
+
+def test_release_gives_positions_back_now_or_after_a_delay(lapp: App) -> None:
+    lapp.lists.create("rel", items=range(20))
+    res = lapp.lists.reserve("rel", 5)
+    assert res is not None
+    assert lapp.lists.complete(res, positions=[0]).completed == 1
+    assert lapp.lists.release(res, positions=[3, 4]) == 2
+    assert lapp.lists.reserve("rel", 10).positions == [3, 4]  # at once, before fresh ones
+    assert lapp.lists.release(res, delay=0.5) == 2  # the rest (1, 2); the token dies
+    with pytest.raises(StaleReservation, match="given back"):
+        lapp.lists.complete(res, positions=[1])
+    assert lapp.lists.reserve("rel", 2).positions == [5, 6]  # 1, 2 wait for their delay
+    time.sleep(0.7)
+    again = lapp.lists.reserve("rel", 10)
+    assert again is not None and again.positions == [1, 2] and again.attempt == 2
+
+
+def test_buried_positions_wait_for_a_kick_and_hold_the_list_open(lapp: App) -> None:
+    lapp.lists.create("bury", items=range(6), on_complete="list_done")
+    res = lapp.lists.reserve("bury", 6)
+    assert res is not None
+    assert lapp.lists.bury(res, positions=[2], reason="poison") == 1
+    with pytest.raises(PositionNotReserved):
+        lapp.lists.complete(res, positions=[2])  # it left the reservation
+    assert lapp.lists.complete(res).completed == 5
+    info = lapp.lists.get("bury")
+    assert (info.state, info.progress.buried, info.progress.done) == ("sealed", 1, 5)
+    assert lapp.lists.reserve("bury") is None and callbacks(lapp) == []
+    [parked] = lapp.lists.buried("bury")
+    assert (parked.ranges, parked.reason) == (((2, 3),), "poison")
+    assert lapp.lists.kick("bury") == 1
+    back = lapp.lists.reserve("bury")
+    assert back is not None and back.positions == [2] and back.attempt == 1
+    assert lapp.lists.complete(back).list_completed
+    assert len(callbacks(lapp)) == 1 and lapp.lists.buried("bury") == []
+
+
+def test_a_lost_answer_is_the_same_reservation_when_asked_again_with_its_request_id(lapp: App) -> None:
+    lapp.lists.create("req", items=range(50))
+    first = lapp.lists.reserve("req", 7, request_id="req-1")
+    again = lapp.lists.reserve("req", 7, request_id="req-1")
+    assert first == again and first is not None
+    other = lapp.lists.reserve("req", 7, request_id="req-2")
+    assert other is not None and other.positions == list(range(7, 14))
+    assert lapp.lists.complete(again).completed == 7
+    assert lapp.lists.reserve("req", 7, request_id="req-1") == first  # after it finished too
+    # Racing threads with one request id: one reservation.
+    got: list[Reservation | None] = []
+    threads = [threading.Thread(target=lambda: got.append(
+        lapp.lists.reserve("req", 3, request_id="race"))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({r.token for r in got if r is not None}) == 1 and len(got) == 6
+    assert lapp.lists.progress("req").reserved == 7 + 3
+
+
+def test_forged_malformed_and_foreign_tokens_are_refused_and_change_nothing(lapp: App) -> None:
+    lapp.lists.create("a", items=range(10))
+    lapp.lists.create("b", items=range(10))
+    res = lapp.lists.reserve("a", 4)
+    other = lapp.lists.reserve("b", 4)
+    assert res is not None and other is not None
+    row_id, secret = res.token.split(".")
+    before = lapp.lists.progress("a")
+    forged = [f"{row_id}.{'0' * 16 if secret != '0' * 16 else '1' * 16}", "1.abc", "abc",
+              f"{int(row_id) + 1000}.{secret}", other.token, f"{row_id}.{secret.upper()}"]
+    for token in forged:
+        for write in (lambda t=token: lapp.lists.complete("a", t),
+                      lambda t=token: lapp.lists.touch("a", t),
+                      lambda t=token: lapp.lists.release("a", t),
+                      lambda t=token: lapp.lists.bury("a", t)):
+            with pytest.raises(StaleReservation):
+                write()
+    with pytest.raises(StaleReservation):
+        lapp.lists.complete("b", res.token)  # a's token names a's list only
+    assert lapp.lists.progress("a") == before
+    with pytest.raises(PositionNotReserved):
+        lapp.lists.complete(res, positions=[0, 4])  # 4 is not its: nothing is completed
+    assert lapp.lists.progress("a") == before
+    assert lapp.lists.complete(res, positions=[1, 1, 2]).completed == 2
+    again = lapp.lists.complete(res, positions=[1, 2, 3])
+    assert (again.completed, again.already) == (1, (1, 2))
+
+
+# -- run_next ----------------------------------------------------------------------------------------
+def test_run_next_runs_the_task_completes_retries_and_buries(lapp: App) -> None:
+    seen: list[Any] = []
+
+    @lapp.task(name="visit", max_attempts=2)
+    def visit(item: dict[str, Any]) -> Any:
+        seen.append(item["n"])
+        if item.get("bad"):
+            raise RuntimeError(f"bad item {item['n']}")
+        return item["n"] * 10
+
+    lapp.lists.create("run", task="visit", items=[{"n": 0}, {"n": 1, "bad": True}, {"n": 2}],
+                      on_complete="list_done")
+    assert lapp.lists.get("run").max_attempts == 2
+    ok = lapp.lists.run_next("run")
+    assert ok is not None and (ok.position, ok.outcome, ok.result) == (0, "completed", 0)
+    bad = lapp.lists.run_next("run")
+    assert bad is not None and (bad.outcome, bad.attempt) == ("released", 1)
+    assert "bad item 1" in (bad.error or "")
+    runs = list(lapp.lists.drain("run", poll=0.05))
+    outcomes = Counter((r.position, r.outcome) for r in runs)
+    assert outcomes[(2, "completed")] == 1 and outcomes[(1, "buried")] == 1
+    info = lapp.lists.get("run")
+    assert (info.progress.done, info.progress.buried, info.state) == (2, 1, "sealed")
+    assert lapp.lists.kick("run") == 1
+    visit_ok = lapp.tasks["visit"]
+    object.__setattr__(visit_ok, "fn", lambda item: "fixed")
+    last = lapp.lists.run_next("run")
+    assert last is not None and (last.outcome, last.list_completed) == ("completed", True)
+    assert len(callbacks(lapp)) == 1
+    assert lapp.lists.run_next("run") is None
+
+
+def test_run_next_needs_a_task_that_is_registered(lapp: App) -> None:
+    lapp.lists.create("bare", items=[1])
+    with pytest.raises(InvalidOption):
+        lapp.lists.run_next("bare")
+    other = App(lapp.database_url, strict=False)
+    try:
+        other.lists.create("elsewhere", task="not.here", items=[1])
+        with pytest.raises(UnknownTask):
+            other.lists.run_next("elsewhere")
+    finally:
+        other.close()
+
+
+# -- concurrency ----------------------------------------------------------------------------------
+def test_threads_racing_with_random_k_complete_every_position_exactly_once(lapp: App) -> None:
+    total = 6000
+    lapp.lists.create("race", items=range(total), on_complete="list_done")
+    accepted: Counter[int] = Counter()
+    handed: list[list[int]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def consumer(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            while (res := lapp.lists.reserve("race", rnd.randint(1, 300), ttr=30)) is not None:
+                split = rnd.randint(0, res.count)
+                first, rest = res.positions[:split], res.positions[split:]
+                done = []
+                for part in (first, rest):
+                    if part:
+                        got = lapp.lists.complete(res, positions=part)
+                        done += [p for p in part if p not in got.already]
+                with lock:
+                    handed.append(res.positions)
+                    accepted.update(done)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consumer, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(accepted) == list(range(total)) and set(accepted.values()) == {1}
+    flat = [p for h in handed for p in h]
+    assert len(flat) == len(set(flat)) == total  # no position handed to two reservations
+    assert lapp.lists.get("race").state == "completed" and len(callbacks(lapp)) == 1
+
+
+# -- bookkeeping ------------------------------------------------------------------------------------
+def test_bookkeeping_is_bits_not_rows_per_position(lapp: App, db_url: str) -> None:
+    import proc_app
+
+    n = 3 * CHUNK_BITS + 5
+    lapp.lists.create("bits", items=range(n))
+    assert drain(lapp, "bits", 1000) == n
+    info = lapp.lists.get("bits")
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        chunks = conn.execute("SELECT count(*) FROM justonce_batch_chunks WHERE batch_id = "
+                              f"{info.batch_id}").fetchone()[0]
+        rows = conn.execute("SELECT count(*) FROM justonce_list_reservations").fetchone()[0]
+    finally:
+        conn.close()
+    assert chunks == 4 and rows == 0
+
+
+# -- bad input ------------------------------------------------------------------------------------
+def test_bad_input_gets_a_typed_error_and_changes_nothing(lapp: App) -> None:
+    lapp.lists.create("good", items=range(10))
+    res = lapp.lists.reserve("good", 2)
+    assert res is not None
+    before = lapp.lists.progress("good")
+    bad: list[tuple[type[BaseException], Any]] = [
+        (InvalidName, lambda: lapp.lists.create("")),
+        (InvalidName, lambda: lapp.lists.create("has space")),
+        (InvalidName, lambda: lapp.lists.create("x" * 64)),
+        (InvalidName, lambda: lapp.lists.reserve(None)),  # type: ignore[arg-type]
+        (InvalidOption, lambda: lapp.lists.create("n1", items="abc")),
+        (InvalidOption, lambda: lapp.lists.create("n2", items={"a": 1})),
+        (InvalidOption, lambda: lapp.lists.create("n3", ttr=0)),
+        (InvalidOption, lambda: lapp.lists.create("n4", ttr=float("nan"))),
+        (InvalidOption, lambda: lapp.lists.create("n5", max_attempts=0)),
+        (InvalidOption, lambda: lapp.lists.create("n6", seal="yes")),  # type: ignore[arg-type]
+        (InvalidOption, lambda: lapp.lists.reserve("good", 0)),
+        (InvalidOption, lambda: lapp.lists.reserve("good", -1)),
+        (InvalidOption, lambda: lapp.lists.reserve("good", MAX_RESERVE + 1)),
+        (InvalidOption, lambda: lapp.lists.reserve("good", True)),
+        (InvalidOption, lambda: lapp.lists.reserve("good", "2")),
+        (InvalidOption, lambda: lapp.lists.reserve("good", 1, ttr=-1)),
+        (InvalidOption, lambda: lapp.lists.reserve("good", 1, request_id="")),
+        (InvalidOption, lambda: lapp.lists.reserve("good", 1, request_id="x" * 201)),
+        (InvalidOption, lambda: lapp.lists.complete(res, positions=[-1])),
+        (InvalidOption, lambda: lapp.lists.complete(res, positions=[True])),
+        (InvalidOption, lambda: lapp.lists.complete(res, positions="01")),
+        (InvalidOption, lambda: lapp.lists.complete(res, positions=[1.0])),
+        (InvalidOption, lambda: lapp.lists.complete(res, token=res.token)),
+        (InvalidOption, lambda: lapp.lists.complete("good")),
+        (InvalidOption, lambda: lapp.lists.complete("good", 12)),  # type: ignore[arg-type]
+        (InvalidOption, lambda: lapp.lists.release(res, delay=-1)),
+        (InvalidOption, lambda: lapp.lists.touch(res, ttr=0)),
+        (InvalidOption, lambda: lapp.lists.kick("good", -1)),
+        (InvalidOption, lambda: lapp.lists.items("good")),  # type: ignore[arg-type]
+        (PositionNotReserved, lambda: lapp.lists.complete(res, positions=[5])),
+        (PositionNotReserved, lambda: lapp.lists.release(res, positions=[9])),
+        (PositionNotReserved, lambda: lapp.lists.bury(res, positions=[0, 9])),
+    ]
+    for kind, call in bad:
+        with pytest.raises(kind):
+            call()
+    assert lapp.lists.progress("good") == before
+    assert [i.name for i in lapp.lists.list()] == ["good"]
+    # Items are checked before their transaction: a bad item appends nothing of its chunk.
+    lapp.lists.create("items", seal=False)
+    for kind, items in [(InvalidArguments, [1, object()]), (PayloadTooLarge, [1, "x" * 300_000]),
+                        (InvalidArguments, [1, {"a": float("nan")}]),
+                        (InvalidArguments, [1, "\udc00"]), (InvalidArguments, [1, "a\x00b"])]:
+        with pytest.raises(kind):
+            lapp.lists.append("items", items)
+    deep: Any = 1
+    for _ in range(100):
+        deep = [deep]
+    with pytest.raises(InvalidArguments):
+        lapp.lists.append("items", [deep])
+    assert lapp.lists.get("items").progress.total == 0
+    assert issubclass(PositionNotReserved, ValueError) and issubclass(InvalidOption, ValidationError)
