@@ -406,3 +406,17 @@ def test_bad_input_gets_a_typed_error_and_changes_nothing(lapp: App) -> None:
         lapp.lists.append("items", [deep])
     assert lapp.lists.get("items").progress.total == 0
     assert issubclass(PositionNotReserved, ValueError) and issubclass(InvalidOption, ValidationError)
+
+
+def test_housekeeping_forgets_finished_reservations_kept_for_their_request_ids(lapp: App) -> None:
+    from justonce.worker.maintenance import Maintenance
+
+    lapp.lists.create("kept", items=range(4))
+    res = lapp.lists.reserve("kept", 2, request_id="r-1")
+    assert res is not None and lapp.lists.complete(res).completed == 2
+    Maintenance(lapp.backend, "test").run_once(force=True)  # kept for a day by default
+    assert lapp.lists.reserve("kept", 2, request_id="r-1") == res
+    Maintenance(lapp.backend, "test", request_retention=0).run_once(force=True)
+    after = lapp.lists.reserve("kept", 2, request_id="r-1")  # forgotten: a new reservation
+    assert after is not None and after.positions == [2, 3]
+    assert lapp.lists.prune(0) == 0

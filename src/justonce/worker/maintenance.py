@@ -1,5 +1,6 @@
 """Housekeeping: promote due scheduled jobs, re-offer expired leases, prune old jobs,
-expire orphaned batches and remove old ones.
+expire orphaned batches and remove old ones, and forget finished list reservations that
+were kept for their request ids.
 
 Every worker runs the loop; a row per duty in ``justonce_maintenance`` makes exactly one
 of them do each round (no session locks, so it works behind PgBouncer too).
@@ -23,6 +24,9 @@ class Maintenance:
     keep_succeeded: float = 86400.0
     keep_dead: float = 7 * 86400.0
     batch_retention: float = 7 * 86400.0
+    request_retention: float = 86400.0
+    """A finished list reservation is kept this long for its request id (a caller whose
+    answer was lost may ask again), then forgotten."""
 
     def run_once(self, force: bool = False) -> HousekeepingReport:
         """One round. ``force`` skips the "is it my turn" check (tests, the CLI)."""
@@ -35,6 +39,7 @@ class Maintenance:
         if force or self.backend.maintenance_try("prune", self.prune_interval, self.owner):
             pruned = self.backend.jobs_prune(self.keep_succeeded, self.keep_dead)
             batches = self.backend.batches_prune(self.batch_retention)
+            self.backend.lists.prune(self.request_retention)
         if rescued or dead:
             emit(Event.LEASES_RESCUED, "expired leases re-offered", rescued=rescued, dead=dead)
         if batches.expired:
