@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,10 +27,11 @@ from ...errors import (
     InvalidOption,
     LockTimeout,
 )
-from ...models import ClaimedJob, Completion, NewJob
+from ...items import CHUNK_BITS
+from ...models import ClaimedJob, Completion, ListCompletion, NewJob, Reservation
 from ..base import Partitioning, load_queries, migration_files
 from ..dialect import Dialect, Flip, Key
-from ..liststore import ListOps
+from ..liststore import ListOps, each, parse_ranges, ranges_json, to_ranges, token_of
 from ..store import Store, claimed_jobs
 
 try:
@@ -444,7 +446,53 @@ class PostgresDialect(Dialect):
 
 
 class PostgresListOps(ListOps):
-    """Lists, with items loaded by COPY."""
+    """Lists, with items loaded by COPY, and a reserve of fresh positions and a completion
+    that each take one autocommit statement instead of a transaction of four or five
+    round trips (bench/lists_bench.py measures both paths)."""
+
+    def reserve(self, name: str, k: int, ttr: float | None,
+                request_id: str | None) -> Reservation | None:
+        if request_id is None:  # (a request id is looked up first: the generic path)
+            secret = secrets.token_hex(8)
+            rows = self.d.write("list_reserve_fresh", {
+                "name": name, "k": k, "ttr": ttr, "secret": secret, "request_id": None})
+            if rows:
+                row_id, due_at, ranges, row_ttr = rows[0]
+                return Reservation(name, token_of(int(row_id), secret), parse_ranges(ranges),
+                                   due_at, 1, float(row_ttr), None)
+        # A re-offer is due, the list is not sealed, unknown or handed out: the generic path.
+        return super().reserve(name, k, ttr, request_id)
+
+    def complete(self, name: str, row_id: int, secret: str,
+                 positions: Sequence[int] | None) -> ListCompletion:
+        if positions is not None and not positions:
+            return super().complete(name, row_id, secret, positions)
+        params = {"id": row_id, "name": name, "secret": secret, "last": False,
+                  "ranges": None if positions is None else ranges_json(to_ranges(positions))}
+        first = self.d.write("list_complete", params)[0]
+        got = self._complete(first, positions)
+        if first[0] == "last":  # it empties a chunk: again, with the batch's check, in one tx
+            def run(c: Any) -> ListCompletion | None:
+                row = self.d.rows(c, "list_complete", params | {"last": True})[0]
+                done = self._complete(row, positions)
+                if done is not None and row[5] and self.batches.complete_if_done(c, [row[6]]):
+                    self.d.many(c, "list_finish", [{"batch_id": row[6]}])
+                    return ListCompletion(done.completed, done.already, True)
+                return done
+
+            got = self.d.tx(None, run)
+        # None: refused (the generic path says why and raises).
+        return got if got is not None else super().complete(name, row_id, secret, positions)
+
+    @staticmethod
+    def _complete(row: Sequence[Any], positions: Sequence[int] | None) -> ListCompletion | None:
+        status, newly, held, chunks, bits = row[:5]
+        if status != "ok":
+            return None
+        old = dict(zip(chunks, bits, strict=True))
+        asked = each(parse_ranges(held)) if positions is None else sorted(set(positions))
+        already = tuple(p for p in asked if old[p // CHUNK_BITS][p % CHUNK_BITS] == "1")
+        return ListCompletion(int(newly), already, False)
 
     def insert_items(self, c: Any, list_id: int, start: int, items: Sequence[str]) -> None:
         # COPY instead of one INSERT per item (list_item_insert): see bench/lists_bench.py
