@@ -420,3 +420,16 @@ def test_housekeeping_forgets_finished_reservations_kept_for_their_request_ids(l
     after = lapp.lists.reserve("kept", 2, request_id="r-1")  # forgotten: a new reservation
     assert after is not None and after.positions == [2, 3]
     assert lapp.lists.prune(0) == 0
+
+
+def test_a_bad_item_deep_in_a_load_keeps_the_chunks_before_it_and_says_so(lapp: App) -> None:
+    from justonce.lists import LOAD_CHUNK
+
+    items = [*range(LOAD_CHUNK + 3), object(), 1]
+    with pytest.raises(InvalidArguments) as err:
+        lapp.lists.create("partial", items=items)
+    assert any("not sealed" in note for note in getattr(err.value, "__notes__", []))
+    info = lapp.lists.get("partial")
+    assert (info.state, info.progress.total) == ("loading", LOAD_CHUNK)
+    lapp.lists.append("partial", [1, 2])
+    assert lapp.lists.seal("partial").progress.total == LOAD_CHUNK + 2

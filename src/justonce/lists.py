@@ -162,10 +162,16 @@ class Lists:
         name = list_name(name)
         backend = self.app.backend.lists
         n = 0
-        for chunk in _chunks(_iterable(items), LOAD_CHUNK):
-            texts = [item_json(x) for x in chunk]
-            backend.append(name, texts, MAX_ITEMS)
-            n += len(texts)
+        try:
+            for chunk in _chunks(_iterable(items), LOAD_CHUNK):
+                texts = [item_json(x) for x in chunk]
+                backend.append(name, texts, MAX_ITEMS)
+                n += len(texts)
+        except Exception as exc:
+            if n:
+                exc.add_note(f"list {name!r} keeps the {n} items appended before this error "
+                             "and is not sealed: append the rest, then seal it (or drop it)")
+            raise
         if n == 0:
             self.get(name)  # an unknown name still says so
         return n
