@@ -225,6 +225,34 @@ def enqueue_same_key(url: str, key: str, tries: int, start: Any) -> list[tuple[i
         own.close()
 
 
+# -- for the list tests (``justonce lists run``, ``POST /lists/{name}/next``) ---------------
+
+
+@app.task
+def list_item(n: int) -> int:
+    """A list's task: one ledger row (event ``list``) each time it runs on item ``n``."""
+    _write(n, "list")
+    return n * 2
+
+
+@app.task
+def list_slow(n: int) -> int:
+    """A list's task that takes a while: ``list_start``, 0.3 s, ``list``."""
+    _write(n, "list_start")
+    time.sleep(0.3)
+    _write(n, "list")
+    return n
+
+
+@app.task(max_attempts=2, backoff=justonce.Backoff(base=0.01, jitter=0))
+def list_odd_fails(n: int) -> int:
+    """Raises on odd items (released once, then buried on the second attempt)."""
+    _write(n, "list_try")
+    if n % 2:
+        raise ValueError(f"odd item {n}")
+    return n
+
+
 # -- for the batch process tests ------------------------------------------------------------
 
 

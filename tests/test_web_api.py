@@ -61,6 +61,7 @@ def snapshot(lib: App) -> Any:
     """What a refused request must leave as it was."""
     return (sorted((c.queue, c.state.value, c.count) for c in lib.queue_counts()),
             [(b.id, b.state.value, b.total, b.acked, b.failed) for b in lib.batches.list(limit=1000)],
+            [(x.name, x.state, x.progress) for x in lib.lists.list(10_000)],
             len(lib.audit.list(limit=10_000)))
 
 

@@ -62,14 +62,20 @@ def lib(server: Server) -> Iterator[App]:
 @pytest.fixture(scope="module")
 def world(lib: App) -> dict[str, Any]:
     """Something for every action to change: a ready job, a dead job, an open batch with
-    a group, and the ids of each."""
+    a group, a sealed list with a live reservation and a list still loading, and the ids
+    of each."""
     ready = lib.enqueue("h.ready", args=[1])
     dead = lib.enqueue("h.dead")
     lib.cancel(dead.id)
     batch = lib.batches.open("hostile")
     group = lib.batches.add(batch.id, 3)
+    lib.lists.create("hostile", items=[1, 2, 3])
+    lib.lists.create("hostile-open", seal=False)
+    res = lib.lists.reserve("hostile", 1, ttr=3600)
+    assert res is not None
     return {"ready": ready.id, "dead": dead.id, "batch": batch.id,
-            "item": f"{batch.id}:{group.group_id}:0"}
+            "item": f"{batch.id}:{group.group_id}:0", "list": "hostile", "open": "hostile-open",
+            "token": res.token}
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +85,9 @@ def revoked(lib: App) -> str:
     return secret
 
 
-def api_actions(w: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def api_actions(w: dict[str, Any]) -> list[tuple[str, Any]]:
     """Every state-changing API route with a body that an admin would get accepted."""
+    lst, tok = f"/api/v1/lists/{w['list']}", w["token"]
     return [
         ("/api/v1/jobs", {"task": "h.new"}),
         ("/api/v1/jobs/bulk", {"jobs": [{"task": "h.new"}]}),
@@ -93,6 +100,16 @@ def api_actions(w: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ("/api/v1/batches/acks", {"ids": [w["item"]]}),
         ("/api/v1/batches/fails", {"ids": [w["item"]], "reason": "no"}),
         ("/api/v1/effects/resolve", {"scope": "s", "key": "k", "done": True}),
+        ("/api/v1/lists", {"name": "h-new", "items": [1]}),
+        (f"/api/v1/lists/{w['open']}/items", [1, 2]),
+        (f"/api/v1/lists/{w['open']}/seal", {}),
+        (f"{lst}/reserve", {"k": 1}),
+        (f"{lst}/touch", {"token": tok}),
+        (f"{lst}/complete", {"token": tok}),
+        (f"{lst}/release", {"token": tok}),
+        (f"{lst}/bury", {"token": tok}),
+        (f"{lst}/kick", {}),
+        (f"{lst}/next", {}),
     ]
 
 
@@ -104,6 +121,7 @@ def dash_actions(w: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
         (f"/jobs/{w['ready']}/cancel", {}),
         (f"/jobs/{w['dead']}/retry", {}),
         ("/effects/resolve", {"state": "done", "scope": "s", "key": "k"}),
+        (f"/lists/{w['list']}/kick", {}),
     ]
 
 
@@ -278,6 +296,7 @@ def hostile_json(w: dict[str, Any]) -> list[tuple[str, bytes]]:
         ("/api/v1/effects/resolve", {"scope": "s", "key": "k", "done": True, "note": "\u0000"}),
         ("/api/v1/session", {"token": "\u0000"}), ("/api/v1/session", {"token": 7}),
         ("/api/v1/session", {"token": "jo_" + "a" * 100_000}),
+        *list_bodies(w),
     ]
     out += [(p, json.dumps(b).encode()) for p, b in specific]
     surrogates = [("/api/v1/jobs", b'{"task": "\\ud800"}'),
@@ -293,8 +312,57 @@ def hostile_json(w: dict[str, Any]) -> list[tuple[str, bytes]]:
                   ("/api/v1/session", b'{"token": "\\ud800"}'),
                   ("/api/v1/jobs", b'{"task": "t", "args": ' + nested + b"}"),
                   ("/api/v1/jobs", b'{"task": "t", "kwargs": {"a": ' + nested + b"}}"),
-                  ("/api/v1/jobs/bulk", b'{"jobs": [{"task": "t", "args": ' + nested + b"}]}")]
+                  ("/api/v1/jobs/bulk", b'{"jobs": [{"task": "t", "args": ' + nested + b"}]}"),
+                  ("/api/v1/lists", b'{"name": "\\ud800"}'),
+                  ("/api/v1/lists", b'{"name": "h-s", "items": ["\\udfff"]}'),
+                  ("/api/v1/lists", b'{"name": "h-s", "task": "\\ud800"}'),
+                  (f"/api/v1/lists/{w['open']}/items", b'["\\ud800"]'),
+                  (f"/api/v1/lists/{w['open']}/items", b'[1, {"\\udfff": 2}]'),
+                  (f"/api/v1/lists/{w['open']}/items", b"[" + nested + b"]"),
+                  (f"/api/v1/lists/{w['open']}/items", b"[NaN]"),
+                  (f"/api/v1/lists/{w['list']}/reserve", b'{"k": 1, "request_id": "\\ud800"}'),
+                  (f"/api/v1/lists/{w['list']}/bury", b'{"token": "' + w["token"].encode()
+                   + b'", "reason": "\\ud800"}'),
+                  (f"/api/v1/lists/{w['list']}/complete", b'{"token": "\\ud800"}')]
     return out + surrogates
+
+
+def list_bodies(w: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Bad bodies for the list routes: each refused with a 4xx, nothing changed."""
+    lst, opened, tok = f"/api/v1/lists/{w['list']}", f"/api/v1/lists/{w['open']}", w["token"]
+    new = {"name": "h-new"}
+    return [
+        ("/api/v1/lists", {"name": "bad name!"}), ("/api/v1/lists", {"name": "\u0000"}),
+        ("/api/v1/lists", {"name": "x" * 100}), ("/api/v1/lists", {"name": ""}),
+        ("/api/v1/lists", {**new, "ttr": 0}), ("/api/v1/lists", {**new, "ttr": 1e308}),
+        ("/api/v1/lists", {**new, "max_attempts": 0}), ("/api/v1/lists", {**new, "max_attempts": 2**64}),
+        ("/api/v1/lists", {**new, "items": ["x" * 300_000]}), ("/api/v1/lists", {**new, "items": [1] * 10_001}),
+        ("/api/v1/lists", {**new, "items": [{"\u0000": 1}]}), ("/api/v1/lists", {**new, "items": "abc"}),
+        ("/api/v1/lists", {**new, "task": "no way"}), ("/api/v1/lists", {**new, "on_complete": "no way"}),
+        ("/api/v1/lists", {**new, "seal": "yes"}), ("/api/v1/lists", {"name": w["list"]}),
+        (f"{opened}/items", ["x" * 300_000]), (f"{opened}/items", [1] * 10_001),
+        (f"{opened}/items", ["\u0000"]), (f"{opened}/items", {"items": [1]}), (f"{lst}/items", [4]),
+        (f"{lst}/reserve", {"k": 0}), (f"{lst}/reserve", {"k": 10**30}), (f"{lst}/reserve", {"k": 1.5}),
+        (f"{lst}/reserve", {"k": "1"}), (f"{lst}/reserve", {"k": 1, "ttr": -1}),
+        (f"{lst}/reserve", {"k": 1, "request_id": "\u0000"}),
+        (f"{lst}/reserve", {"k": 1, "request_id": "x" * 201}),
+        (f"{lst}/reserve", {"k": 1, "items": "no"}), (f"{opened}/reserve", {"k": 1}),
+        ("/api/v1/lists/no-such-list/reserve", {"k": 1}), ("/api/v1/lists/%00/reserve", {"k": 1}),
+        (f"{lst}/touch", {"token": "1.0000000000000000"}), (f"{lst}/touch", {"token": tok, "ttr": 1e308}),
+        (f"{lst}/touch", {"token": 7}), (f"{lst}/touch", {"token": "x" * 1000}), (f"{lst}/touch", {}),
+        (f"{lst}/complete", {"token": tok, "positions": [10**30]}),
+        (f"{lst}/complete", {"token": tok, "positions": [-1]}),
+        (f"{lst}/complete", {"token": tok, "positions": "x"}),
+        (f"{lst}/complete", {"token": tok, "positions": [999]}),
+        (f"{lst}/complete", {"token": tok, "positions": [0] * 10_001}),
+        (f"{lst}/complete", {"token": "\u0000"}), (f"{lst}/complete", {"token": tok[:-1]}),
+        (f"{lst}/release", {"token": tok, "delay": 1e308}), (f"{lst}/release", {"token": tok, "delay": -1}),
+        (f"{lst}/bury", {"token": tok, "reason": "\u0000"}),
+        (f"{lst}/bury", {"token": tok, "reason": "r" * 5000}),
+        (f"{lst}/kick", {"limit": 0}), (f"{lst}/kick", {"limit": 10**30}), (f"{lst}/kick", {"limit": "5"}),
+        (f"{lst}/next", {"ttr": 0}), (f"{lst}/next", {"ttr": "1"}), (f"{lst}/next", {"x": 1}),
+        (f"{lst}/next", {}),  # a list without a task: nothing to run here
+    ]
 
 
 def test_hostile_json_on_every_api_route_is_a_4xx_problem_and_changes_nothing(
@@ -361,6 +429,8 @@ def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
         (f"/jobs/{world['ready']}/retry", {}), (f"/jobs/{world['dead']}/cancel", {}),
         ("/signin", {"token": FAKE_SECRET}), ("/signin", {"token": "\u0000"}),
         ("/signin", b"token=%ED%A0%80"), ("/signin", b"token=\xff"),
+        ("/lists/no-such-list/kick", {}), ("/lists/%00/kick", {}), ("/lists/" + "x" * 100 + "/kick", {}),
+        ("/lists/a%2F..%2F..%2Fetc/kick", {}),
     ]
     with server.client(server.admin) as c:
         for path, form in forms:
@@ -376,14 +446,16 @@ def test_unknown_ids_methods_and_path_tricks_are_problem_documents(server: Serve
     before = snapshot(lib)
     with server.client(server.admin) as c:
         for path in ("/api/v1/jobs/999999999/cancel", "/api/v1/jobs/999999999/retry",
-                     "/api/v1/batches/999999999/seal", "/api/v1/batches/999999999/groups"):
+                     "/api/v1/batches/999999999/seal", "/api/v1/batches/999999999/groups",
+                     "/api/v1/lists/no-such-list/seal"):
             refused(c.post(path, json={"count": 1}), 404)
         for path in ("/api/v1/jobs/0/cancel", "/api/v1/jobs/-1/cancel", f"/api/v1/jobs/{2**64}/retry",
                      "/api/v1/jobs/abc/retry", "/api/v1/batches/1.5/seal"):
             assert_problem(c.post(path), 422, "RequestValidation")
         for path in ("/api/v1/nope", "/api/v1/jobs/1/nope", "/api/v1/../../etc/passwd",
                      "/api/v1/jobs/1%2F..%2F..%2Fetc", "/static/../../../../etc/passwd",
-                     "/static/%2e%2e/%2e%2e/pyproject.toml", "/api/v1/jobs/%00/cancel"):
+                     "/static/%2e%2e/%2e%2e/pyproject.toml", "/api/v1/jobs/%00/cancel",
+                     "/api/v1/lists/%00/seal", "/api/v1/lists/..%2F..%2Fetc/seal", "/api/v1/lists/a/b/seal"):
             r = c.post(path)
             refused(r, 404, 405, 422)
             assert "root:" not in r.text
@@ -428,8 +500,12 @@ def test_hostile_text_is_escaped_on_every_page(server: Server, lib: App) -> None
                                            "key": f"k{xss}"}).json()
         c.post(f"/api/v1/jobs/{job['id']}/cancel")
         batch = c.post("/api/v1/batches", json={"description": xss}).json()
+        c.post("/api/v1/lists", json={"name": "h-xss", "items": [xss]})
+        token = c.post("/api/v1/lists/h-xss/reserve", json={"k": 1}).json()["token"]
+        c.post("/api/v1/lists/h-xss/bury", json={"token": token, "reason": xss})
         pages = [c.get("/jobs"), c.get(f"/jobs/{job['id']}"), c.get("/batches"),
                  c.get(f"/batches/{batch['id']}"), c.get("/jobs", params={"task": xss}),
+                 c.get("/lists"), c.get("/lists/h-xss"), c.get(f"/lists/{xss}"),
                  c.get("/signin", params={"next": f"/{xss}"}), c.get(f"/jobs/{xss}"),
                  c.post("/jobs/preview", data={"action": "cancel", "task": "h.x<img>"})]
         for page in pages:

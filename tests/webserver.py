@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+HERE = Path(__file__).resolve().parent
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -54,7 +56,8 @@ def serving(db_url: str, log: Path, *serve_args: str) -> Iterator[Server]:
     reader = justonce("tokens", "create", "--name", "test reader", "--scope", "read",
                       "--database-url", db_url).stdout.strip()
     port = free_port()
-    env = {**os.environ, "JUSTONCE_SECRET_KEY": uuid.uuid4().hex}
+    env = {**os.environ, "JUSTONCE_SECRET_KEY": uuid.uuid4().hex,  # --app proc_app:app imports
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "justonce", "serve", "--port", str(port), "--database-url", db_url,

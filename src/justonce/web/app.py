@@ -22,6 +22,7 @@ from ..app import App
 from ..metrics import service_metrics
 from . import problems
 from .api_jobs import router as jobs_router
+from .api_lists import router as lists_router
 from .api_more import router as more_router
 from .auth import Auth, Principal, require_read, secret_key
 from .dashboard import mount_dashboard
@@ -109,7 +110,7 @@ def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
     ``$JUSTONCE_SECRET_KEY``, else random per process)."""
     api = FastAPI(
         title="justonce", version="1",
-        description="Jobs, queues, batches, partitions and effects of one justonce database. "
+        description="Jobs, queues, batches, lists, partitions and effects of one justonce database. "
         "Every call needs `Authorization: Bearer <token>` (justonce tokens create) or a "
         "session cookie; actions need an admin token. Errors are RFC 9457 problem documents.",
         **fastapi_options,
@@ -119,6 +120,7 @@ def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
     problems.install(api)
     api.include_router(jobs_router, prefix=API_PREFIX)
     api.include_router(more_router, prefix=API_PREFIX)
+    api.include_router(lists_router, prefix=API_PREFIX)
     api.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     api.add_middleware(BodyLimit, limit=max_body_bytes)
     mount_dashboard(api, app)

@@ -43,14 +43,16 @@ from .problems import status_of
 from .snapshot import STATES, Snapshots
 
 HERE = Path(__file__).parent
-NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/batches", "Batches"),
+NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/batches", "Batches"), ("/lists", "Lists"),
        ("/partitions", "Partitions"), ("/effects", "Effects"))
 LIST_LIMIT = 100
+LISTS_SHOWN = 50
+"""Lists on the Lists page (by name): each costs two small queries per refresh."""
 MAX_FORM = 16 * 1024
 MESSAGES = {
     "retried": "Job {id} is ready again.", "cancelled": "Job {id} was cancelled.",
     "applied_cancel": "Cancelled {n} jobs.", "applied_retry": "Retried {n} jobs.",
-    "resolved": "Effect resolved.",
+    "resolved": "Effect resolved.", "kicked": "Kicked {n} buried positions: they are ready again.",
 }
 ERRORS = {
     "count_changed": "The number of matching jobs changed since the preview: nothing was "
@@ -106,8 +108,14 @@ async def _page_error(request: Request, exc: PageError) -> Response:
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"),
                       autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
-    env.globals.update(states=STATES, nav=NAV, count=fmt_count)
+    env.globals.update(states=STATES, nav=NAV, count=fmt_count, ranges=fmt_ranges)
     return env
+
+
+def fmt_ranges(ranges: Any, most: int = 8) -> str:
+    """Half-open ranges as positions people read: ((0, 10), (15, 16)) → '0–9, 15'."""
+    parts = [f"{lo}" if hi - lo == 1 else f"{lo}–{hi - 1}" for lo, hi in list(ranges)[:most]]
+    return ", ".join(parts) + (" …" if len(ranges) > most else "")
 
 
 def fmt_count(c: Count | None) -> str:
@@ -431,6 +439,55 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         with _shown():
             ctx = batch_ctx(batch_id)
         return render("_batch.html", request, viewer, **ctx)
+
+    # Lists are read for the Lists pages only (not in the shared snapshot, which the
+    # overview pays for), at most once per interval per process however many are open.
+    cache: dict[Any, tuple[float, Any]] = {}
+
+    def cached(key: Any, fn: Callable[[], Any]) -> Any:
+        hit = cache.get(key)
+        if hit is None or time.monotonic() - hit[0] >= snapshots.interval:
+            value = fn()
+            if len(cache) > 1000:
+                cache.clear()
+            hit = cache[key] = (time.monotonic(), value)
+        return hit[1]
+
+    def lists_ctx() -> dict[str, Any]:
+        return {"lists": cached("lists", lambda: app.lists.list(LISTS_SHOWN)),
+                "now": snapshots.get().now, "shown": LISTS_SHOWN}
+
+    snapshot_page("/lists", "/live/lists", "lists", "Lists", lists_ctx)
+
+    def list_ctx(name: str) -> dict[str, Any]:
+        info, buried = cached(("list", name), lambda: (app.lists.get(name), app.lists.buried(name, 50)))
+        return {"l": info, "buried": buried, "now": snapshots.get().now, "section": "/lists"}
+
+    @r.get("/lists/{name}", response_class=HTMLResponse)
+    def list_page(name: str, request: Request, viewer: Principal = Viewer) -> Response:
+        with _shown():
+            ctx = list_ctx(name)
+        return render("list.html", request, viewer, title=f"List {name}", **ctx)
+
+    @r.get("/live/lists/{name}", response_class=HTMLResponse)
+    def live_list(name: str, request: Request, viewer: Principal = Viewer) -> Response:
+        with _shown():
+            ctx = list_ctx(name)
+        return render("_list.html", request, viewer, **ctx)
+
+    @r.post("/lists/{name}/kick")
+    async def list_kick(name: str, request: Request) -> Response:
+        """Revive a list's buried positions (like Retry of a dead job)."""
+        viewer, form = await admin_form(request)
+
+        def run() -> Response:
+            n = app.lists.kick(name)
+            cache.pop(("list", name), None)
+            cache.pop("lists", None)
+            audit(request, viewer, "list.kick", f"list:{name}", n, via="dashboard")
+            return RedirectResponse(_with(f"/lists/{name}", ok="kicked", n=n), 303)
+
+        return await run_in_threadpool(_guard(run, "/lists"))
 
     def slots_ctx() -> dict[str, Any]:
         snap = snapshots.get()

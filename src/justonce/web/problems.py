@@ -7,8 +7,8 @@ Every error answer of the service is one JSON object::
 
 ``error`` is the library's error class name (a :class:`~justonce.errors.JustonceError`
 subclass) or one of the service's own (``Unauthorized``, ``Forbidden``, ``CsrfFailed``,
-``MalformedJson``, ``BodyTooLarge``, ``RequestValidation``, ``NotFound``,
-``MethodNotAllowed``, ``InternalError``); ``type`` is ``/problems/<error>``. Validation
+``MalformedJson``, ``BodyTooLarge``, ``RequestValidation``, ``UnsupportedMediaType``,
+``NotFound``, ``MethodNotAllowed``, ``InternalError``); ``type`` is ``/problems/<error>``. Validation
 failures add ``errors``: where and what (pydantic's ``loc`` and ``msg``). An unexpected
 exception gives a 500 with no detail (it is logged server-side): never a stack trace.
 """
@@ -33,6 +33,10 @@ MEDIA_TYPE = "application/problem+json"
 # Most specific first: the first class an error is an instance of decides its status.
 STATUS: list[tuple[type[BaseException], int]] = [
     (E.CountChanged, 409),
+    # A list's reservation that no longer holds its positions, or a position it does not
+    # hold: the caller's view of the reservation is out of date (retrying cannot help).
+    (E.StaleReservation, 409),
+    (E.PositionNotReserved, 409),
     (E.LockTimeout, 503),
     (E.DatabaseUnavailable, 503),
     (E.PayloadTooLarge, 413),
