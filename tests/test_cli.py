@@ -17,7 +17,9 @@ COMMANDS = [[], ["migrate"], ["worker"], ["enqueue"], ["status"], ["jobs"], ["jo
             ["batches"], ["batches", "list"], ["batches", "show"], ["batches", "seal"],
             ["batches", "prune"], ["partitions"], ["partitions", "list"], ["effects"],
             ["effects", "in-doubt"], ["effects", "resolve"], ["serve"], ["tokens"],
-            ["tokens", "create"], ["tokens", "list"], ["tokens", "revoke"]]
+            ["tokens", "create"], ["tokens", "list"], ["tokens", "revoke"], ["lists"], ["lists", "list"],
+            ["lists", "show"], ["lists", "create"], ["lists", "append"], ["lists", "seal"],
+            ["lists", "drop"], ["lists", "run"], ["lists", "kick"], ["lists", "drain"]]
 
 
 def run(*args: str, ok: bool = True):
@@ -31,7 +33,8 @@ def run(*args: str, ok: bool = True):
 def test_every_command_has_help(cmd: list[str]) -> None:
     result = run(*cmd, "--help")
     assert "Usage:" in result.output
-    if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"], ["effects"], ["tokens"]):
+    if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"], ["effects"], ["tokens"],
+                           ["lists"]):
         assert "--database-url" in result.output
 
 

@@ -447,7 +447,7 @@ def demo_push(users: int, workers: int, kill_one: bool, smtp: str | None, seed: 
     sys.exit(0 if ok else 1)
 
 
-from . import cli_service  # noqa: E402,F401  (registers serve and tokens)
+from . import cli_lists, cli_service  # noqa: E402,F401  (register lists, serve and tokens)
 
 
 def main() -> None:
