@@ -20,6 +20,10 @@ EXPECTED = {
     # the service: job filters and actions on all matching, queue stats, tokens, audit
     "JobFilter", "CountChanged", "QueueStats", "Tokens", "TokenInfo", "TokenNotFound", "Audit",
     "AuditEntry",
+    # lists
+    "Lists", "ListInfo", "ListProgress", "ListCompletion", "ListRun", "Reservation",
+    "ListExists", "ListNotFound", "ListNotSealed", "ListSealed", "StaleReservation",
+    "PositionNotReserved",
 }
 
 

@@ -291,12 +291,16 @@ class Lists:
         """Reserve the next position, run the list's task on its item here, and complete
         it. A task that raises releases the position after its backoff, or buries it on
         the list's last attempt. None when nothing can be handed out now."""
-        info = self.get(name)
-        if info.task is None:
+        name = list_name(name)
+        meta = self.app.backend.lists.task(name)
+        if meta is None:
+            raise ListNotFound(f"no list named {name!r}")
+        task_name, max_attempts = meta
+        if task_name is None:
             raise InvalidOption(f"list {name!r} has no task: reserve and complete it instead")
-        task = self.app.tasks.get(info.task)
+        task = self.app.tasks.get(task_name)
         if task is None:
-            raise UnknownTask(f"list {name!r} runs task {info.task!r}, which is not registered here")
+            raise UnknownTask(f"list {name!r} runs task {task_name!r}, which is not registered here")
         res = self.reserve(name, 1, ttr=ttr)
         if res is None:
             return None
@@ -307,7 +311,7 @@ class Lists:
         except Exception as exc:  # noqa: BLE001 - the task's failure is the answer
             error = validate.error_text(f"{type(exc).__name__}: {exc}")
             try:
-                if res.attempt >= info.max_attempts:
+                if res.attempt >= max_attempts:
                     self.bury(res, reason=error)
                     return ListRun(name, position, item, res.attempt, "buried", error=error)
                 self.release(res, delay=task.retry_delay(res.attempt))
@@ -337,7 +341,7 @@ class Lists:
 
     # -- helpers --------------------------------------------------------------------------
     def _exists(self, name: str) -> None:
-        if self.app.backend.lists.info(name) is None:
+        if self.app.backend.lists.task(name) is None:
             raise ListNotFound(f"no list named {name!r}")
 
     @staticmethod

@@ -382,6 +382,11 @@ class ListOps:
         rows = self.d.read("list_items", {"name": name, "lo": ranges[0][0], "hi": ranges[-1][1]})
         return [(int(p), item) for p, item in rows if contains(ranges, int(p))]
 
+    def task(self, name: str) -> tuple[str | None, int] | None:
+        """(task name, max_attempts) of a list, None if there is none: a cheap read."""
+        rows = self.d.read("list_task", {"name": name})
+        return (rows[0][0], int(rows[0][1])) if rows else None
+
     def info(self, name: str) -> ListInfo | None:
         rows = self.d.read("list_get", {"name": name})
         return self._info(rows[0]) if rows else None

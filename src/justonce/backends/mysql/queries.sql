@@ -865,6 +865,10 @@ SELECT id, state, total, next_position, ttr, max_attempts, batch_id, group_id
   FROM justonce_lists WHERE name = %(name)s
    FOR UPDATE;
 
+-- name: list_task
+-- What run_next needs of a list, read without the progress sums of list_get.
+SELECT task, max_attempts FROM justonce_lists WHERE name = %(name)s;
+
 -- name: list_callbacks
 SELECT callbacks FROM justonce_lists WHERE id = %(id)s;
 
