@@ -16,7 +16,7 @@ EXPECTED = {
     "Partitions", "SlotInfo", "partition_of", "slot_predicate",
     # effects
     "AT_LEAST_ONCE", "AT_MOST_ONCE", "EffectClaim", "EffectInfo", "EffectNotFound",
-    "EffectOutcome", "Effects", "LockTimeout",
+    "EffectOutcome", "Effects", "EffectsOutcome", "LockTimeout",
     # the service: job filters and actions on all matching, queue stats, tokens, audit
     "JobFilter", "CountChanged", "QueueStats", "Tokens", "TokenInfo", "TokenNotFound", "Audit",
     "AuditEntry",

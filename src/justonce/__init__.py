@@ -4,7 +4,7 @@ doing anything twice and without losing anything."""
 from .app import App
 from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
 from .batches import Batch, Batches
-from .effects import EffectClaim, EffectOutcome, Effects
+from .effects import EffectClaim, EffectOutcome, Effects, EffectsOutcome
 from .errors import (
     BatchExpired,
     BatchNotFound,
@@ -96,6 +96,7 @@ __all__ = [
     "EffectNotFound",
     "EffectOutcome",
     "Effects",
+    "EffectsOutcome",
     "Enqueue",
     "InvalidArguments",
     "InvalidItemId",

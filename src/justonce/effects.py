@@ -12,13 +12,20 @@ accept one, and the effect is exactly once end to end.
 
 With ``conn=`` (your open transaction) the claim, your writes in ``fn`` and the done mark
 commit or roll back together: for an effect inside the same database, exactly once.
+
+``run_many(scope, keys, fn)`` does the same for many keys, a chunk at a time: one
+transaction claims a chunk, ``fn`` runs for each claimed key, one transaction marks them
+done (or releases those whose ``fn`` raised). Two transactions per chunk instead of two per
+key; a crash leaves in doubt only the unfinished keys of the chunk it was in.
 """
 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +43,8 @@ if TYPE_CHECKING:
 
 POLICIES = (AT_MOST_ONCE, AT_LEAST_ONCE)
 MAX_SCOPE = 200
+MAX_CHUNK = 10_000
+"""The largest chunk of ``run_many``: one claim statement's key list."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,56 @@ class EffectOutcome:
     state: str
     idempotency_key: str
     result: JSON = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectsOutcome:
+    """What ``run_many`` did, in numbers. Every distinct key is counted once: ``done``
+    (``fn`` ran now and the entry is marked done), ``skipped`` (``fn`` did not run, by
+    reason: "done" before, "running" under another holder's live claim, "in_doubt" under
+    at most once), ``failed`` (``fn`` raised: the entry is released, claimable again; key →
+    error) or ``overtaken`` (at least once: ``fn`` returned after its lease ran out and
+    another claim redid the effect: it ran twice). ``redone`` counts the ``done`` keys
+    that were in doubt (at least once). ``str()`` is a one-line report."""
+
+    scope: str
+    keys: int
+    """Distinct keys asked for."""
+    chunks: int
+    """Chunks claimed: one claim and one finishing transaction each."""
+    done: int
+    redone: int
+    skipped: Mapping[str, int]
+    failed: Mapping[str, str]
+    overtaken: tuple[str, ...]
+    seconds: float
+
+    @property
+    def ran(self) -> int:
+        """How many times ``fn`` was called."""
+        return self.done + len(self.failed) + len(self.overtaken)
+
+    @property
+    def per_second(self) -> float:
+        """``fn`` calls per second of the whole call (claims and marks included)."""
+        return self.ran / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()) if n) or "none"
+        return (f"{self.scope}: {self.keys} keys in {self.chunks} chunks, {self.done} done "
+                f"({self.redone} redone), skipped {skipped}, {len(self.failed)} failed, "
+                f"{len(self.overtaken)} overtaken, {self.seconds:.2f}s "
+                f"({self.per_second:.0f} effects/s)")
+
+
+@dataclass
+class _Tally:
+    done: int = 0
+    redone: int = 0
+    chunks: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    failed: dict[str, str] = field(default_factory=dict)
+    overtaken: list[str] = field(default_factory=list)
 
 
 class EffectClaim:
@@ -136,6 +195,100 @@ class Effects:
             return EffectOutcome(True, "overtaken", claim.idempotency_key, result)
         return EffectOutcome(True, "done", claim.idempotency_key, result)
 
+    def run_many(self, scope: str, keys: Iterable[Any], fn: Callable[[str], Any], *,
+                 policy: str = AT_MOST_ONCE, lease: float | timedelta = 60.0,
+                 lock_timeout: float | timedelta = 5.0, chunk: int = 500,
+                 conn: Any = None) -> EffectsOutcome:
+        """``run`` for many keys of one scope, with the same promises, a chunk at a time.
+
+        ``keys``: any iterable of keys as ``run`` takes them (not a string); all are
+        checked before anything is written, and duplicates (``42`` and ``"42"`` too)
+        collapse. They are cut into chunks of ``chunk`` keys in the order given; per
+        chunk, ONE transaction makes the missing entries, locks the chunk's entries in key
+        order (waiting at most ``lock_timeout``, LockTimeout past it) and claims those that
+        may be done now, by ``run``'s rules; then ``fn(idempotency_key)`` runs for each
+        claimed key, in key order; then ONE transaction marks done every key whose ``fn``
+        returned (its result stored, as ``run`` does; fenced by the key's token: a claim
+        taken over meanwhile is counted ``overtaken``) and releases those whose ``fn``
+        raised (the error kept). ``lease`` covers the whole chunk: all its ``fn`` calls
+        together must end within it, or (at least once) another caller may redo them.
+
+        An exception from ``fn`` is recorded for its key and the run goes on. A
+        BaseException that is not an Exception (KeyboardInterrupt, SystemExit) marks done
+        what returned, releases the rest of the chunk and is re-raised. A process that dies
+        leaves in doubt exactly the claimed, unmarked keys of its current chunk: chunks
+        before it are done, chunks after it untouched. LockTimeout, an entry of another
+        policy (InvalidOption) or a database error also stop the run, with the chunks
+        before it done (call again: they are skipped).
+
+        With ``conn=`` (your open transaction) the whole call is one chunk in that
+        transaction: claims, your writes in ``fn`` and the done marks commit or roll back
+        together."""
+        scope = _scope(scope)
+        if not callable(fn):
+            raise InvalidOption("fn must be a callable taking the idempotency key")
+        if policy not in POLICIES:
+            raise InvalidOption(f"policy must be one of {POLICIES}, not {policy!r}")
+        lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
+        wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
+        size = validate.count(chunk, "chunk", MAX_CHUNK)
+        ordered = _many_keys(keys)
+        if conn is not None:
+            size = max(1, len(ordered))
+        owner, tally, started = _owner(), _Tally(), time.monotonic()
+        for at in range(0, len(ordered), size):
+            self._chunk(scope, ordered[at:at + size], fn, policy, owner, lease_s, wait, conn, tally)
+        return EffectsOutcome(
+            scope=scope, keys=len(ordered), chunks=tally.chunks, done=tally.done,
+            redone=tally.redone,
+            skipped={why: tally.skipped[why] for why in ("done", "running", "in_doubt")},
+            failed=tally.failed, overtaken=tuple(tally.overtaken),
+            seconds=time.monotonic() - started)
+
+    def _chunk(self, scope: str, keys: builtins.list[str], fn: Callable[[str], Any], policy: str,
+               owner: str, lease: float, wait: float, conn: Any, tally: _Tally) -> None:
+        backend = self.app.backend
+        claims = backend.effect_claim_many(scope, keys, policy, owner, lease, wait, conn=conn)
+        tally.chunks += 1
+        todo = []
+        for key, found, token in claims:
+            if token is None:
+                tally.skipped[found] += 1
+            else:
+                todo.append((key, token, found))
+        done: builtins.list[tuple[str, int, str | None]] = []
+        failed: builtins.list[tuple[str, int, str]] = []
+        try:
+            for key, token, _ in todo:
+                try:
+                    result = fn(f"{scope}:{key}")
+                except Exception as exc:  # noqa: BLE001 - recorded for its key; the run goes on
+                    error = validate.error_text(f"{type(exc).__name__}: {exc}")
+                    failed.append((key, token, error))
+                    tally.failed[key] = error
+                    continue
+                done.append((key, token, validate.result_json(result)[0]))
+        except BaseException as exc:
+            # KeyboardInterrupt, SystemExit: keep what returned, give the rest back, stop.
+            ended = {k for k, _, _ in done} | {k for k, _, _ in failed}
+            note = f"interrupted: {type(exc).__name__}"
+            failed += [(k, t, note) for k, t, _ in todo if k not in ended]
+            try:
+                backend.effect_finish_many(scope, done, failed, conn=conn)
+            except Exception:  # noqa: BLE001 - the lease will put them in doubt instead
+                emit(Event.EFFECT_RELEASE_ERROR, "could not finish a chunk of effects after "
+                     "an interruption", exc_info=True)
+            raise
+        marked, _ = backend.effect_finish_many(scope, done, failed, conn=conn)
+        found_by_key = {k: f for k, _, f in todo}
+        tally.done += len(marked)
+        tally.redone += sum(1 for k in marked if found_by_key[k] == "in_doubt")
+        late = [k for k, _, _ in done if k not in marked]
+        if late:
+            tally.overtaken += late
+            emit(Event.EFFECT_OVERTAKEN, "effects done after their claims were taken over",
+                 scope=scope, keys=len(late))
+
     def get(self, scope: str, key: Any) -> EffectInfo:
         info = self.app.backend.effect_get(_scope(scope), _key(key))
         if info is None:
@@ -195,6 +348,14 @@ def _key(value: Any) -> str:
     if key is None:
         raise InvalidOption("an effect key is a non-empty string or an int, not None")
     return key
+
+
+def _many_keys(keys: Any) -> builtins.list[str]:
+    """The distinct ledger keys of ``keys``, in the order given, all checked first."""
+    if isinstance(keys, str | bytes | bytearray) or not isinstance(keys, Iterable):
+        raise InvalidOption(
+            f"keys must be an iterable of keys (a list, a range, a generator), not {type(keys).__name__}")
+    return builtins.list(dict.fromkeys(_key(k) for k in keys))
 
 
 def _owner() -> str:

@@ -239,6 +239,21 @@ class Backend(Protocol):
         ``lock_timeout``): (what was found, the claim's token or None when the effect must
         not be done now)."""
 
+    def effect_claim_many(self, scope: str, keys: Sequence[str], policy: str, owner: str,
+                          lease: float, lock_timeout: float,
+                          conn: Any = None) -> list[tuple[str, str, int | None]]:
+        """``effect_claim`` for a chunk of distinct keys in one transaction (entries made
+        where missing, locked in key order, LockTimeout after ``lock_timeout``): (key,
+        found, token or None) per key, in key order. An entry of another policy refuses the
+        whole chunk (InvalidOption; nothing is claimed)."""
+
+    def effect_finish_many(self, scope: str, done: Sequence[tuple[str, int, str | None]],
+                           failed: Sequence[tuple[str, int, str]],
+                           conn: Any = None) -> tuple[set[str], set[str]]:
+        """Atomically: ``done`` claims (key, token, result JSON) running → done, ``failed``
+        ones (key, token, error) running → pending, each fenced by its token. (Keys marked
+        done, keys released); a key in neither had its claim taken over."""
+
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:
         """running → done, fenced by the claim's token."""

@@ -6,10 +6,16 @@ lock it (waiting at most ``lock_timeout``: Postgres ``lock_timeout``, SQLite's b
 for its write lock), read its state, and take it with a new token only when it may be
 done now. The effect itself runs after that transaction (unless the caller passed its own
 connection); ``effect_done`` marks it done only if the token is still the claim's.
+
+In bulk (``effect_claim_many`` / ``effect_finish_many``) the same rules hold per key, a
+chunk at a time: one claim transaction ensures the chunk's entries, locks them in key order
+(the lock order of every bulk statement, so overlapping chunks wait instead of deadlocking)
+and takes the claimable ones; one finishing transaction marks done or releases them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ..errors import InvalidOption
@@ -52,6 +58,57 @@ class EffectOps:
             return found, int(self.d.rows(c, "effect_take", params)[0][0])
 
         return self.d.locked_tx(conn, lock_timeout, run)
+
+    def effect_claim_many(self, scope: str, keys: Sequence[str], policy: str, owner: str,
+                          lease: float, lock_timeout: float,
+                          conn: Any = None) -> list[tuple[str, str, int | None]]:
+        """``effect_claim`` for a chunk of distinct keys, in one transaction: (key, what the
+        claim found, the new token or None) for every key, in key order. An entry of
+        another policy refuses the whole chunk (InvalidOption, nothing claimed)."""
+        ordered = sorted(keys)
+        params = {"scope": scope, "keys": ordered, "policy": policy, "owner": owner,
+                  "lease": lease}
+
+        def run(c: Any) -> list[tuple[str, str, int | None]]:
+            self.d.many(c, "effect_ensure_many", [params])
+            found: dict[str, str] = {}
+            for key, state, stored, token, expired in self.d.rows(c, "effect_lock_many", params):
+                if stored != policy:
+                    raise InvalidOption(
+                        f"effect {scope}:{key} is {stored}, not {policy}: one effect has one "
+                        "policy (an at-most-once entry in doubt must never be redone by an "
+                        "at-least-once caller)")
+                if state == "running" and not expired:
+                    found[key] = "running"
+                elif state == "running":
+                    found[key] = "in_doubt"
+                else:
+                    found[key] = "new" if int(token) == 0 else "pending"
+            take = [k for k, f in found.items()
+                    if f in ("new", "pending") or (f == "in_doubt" and policy == AT_LEAST_ONCE)]
+            tokens: dict[str, int] = {}
+            if take:
+                tokens = {k: int(t) for k, t in
+                          self.d.rows(c, "effect_take_many", {**params, "keys": sorted(take)})}
+            # A key the lock did not return is done (the lock leaves done entries out).
+            return [(k, found.get(k, "done"), tokens.get(k)) for k in ordered]
+
+        return self.d.locked_tx(conn, lock_timeout, run)
+
+    def effect_finish_many(self, scope: str, done: Sequence[tuple[str, int, str | None]],
+                           failed: Sequence[tuple[str, int, str]],
+                           conn: Any = None) -> tuple[set[str], set[str]]:
+        """In one transaction: mark done the ``done`` claims (key, token, result JSON) and
+        release the ``failed`` ones (key, token, error), each fenced by its token. Returns
+        (keys marked done, keys released); a key in neither was taken over meanwhile."""
+        rows = sorted([(k, t, r, None) for k, t, r in done] + [(k, t, None, e) for k, t, e in failed])
+        if not rows:
+            return set(), set()
+        params = {"scope": scope, "keys": [r[0] for r in rows], "tokens": [r[1] for r in rows],
+                  "results": [r[2] for r in rows], "errors": [r[3] for r in rows]}
+        out = self.d.tx(conn, lambda c: self.d.rows(c, "effect_finish_many", params))
+        return ({k for k, state in out if state == "done"},
+                {k for k, state in out if state == "pending"})
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:

@@ -411,6 +411,16 @@ class Store:
                      lock_timeout: float, conn: Any = None) -> tuple[str, int | None]:
         return self.effects.effect_claim(scope, key, policy, owner, lease, lock_timeout, conn)
 
+    def effect_claim_many(self, scope: str, keys: Sequence[str], policy: str, owner: str,
+                          lease: float, lock_timeout: float,
+                          conn: Any = None) -> list[tuple[str, str, int | None]]:
+        return self.effects.effect_claim_many(scope, keys, policy, owner, lease, lock_timeout, conn)
+
+    def effect_finish_many(self, scope: str, done: Sequence[tuple[str, int, str | None]],
+                           failed: Sequence[tuple[str, int, str]],
+                           conn: Any = None) -> tuple[set[str], set[str]]:
+        return self.effects.effect_finish_many(scope, done, failed, conn)
+
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:
         return self.effects.effect_done(scope, key, token, result_json, conn)

@@ -705,6 +705,76 @@ SELECT state, (state = 'running' AND lease_expires_at <= NOW(6)), COUNT(*)
   FROM justonce_effects WHERE scope = %(scope)s
  GROUP BY 1, 2;
 
+-- Effects in bulk (Effects.run_many): per chunk of keys, one claim transaction (ensure, lock,
+-- take) and one finishing transaction. %(keys)s is a JSON list sorted by key (the binary
+-- collation's order): every locking statement below reads the list first and looks each
+-- entry up by key, so rows are locked in that order and overlapping chunks cannot deadlock.
+-- The list's column compares with the binary collation of `key` (as in job_live_by_keys).
+
+-- name: effect_ensure_many
+-- The missing entries of the chunk. Existing ones are filtered out by a plain read (READ
+-- COMMITTED: INSERT ... SELECT reads its source without locks), so a re-run over a
+-- finished scope locks nothing here; ON DUPLICATE KEY covers a key inserted meanwhile.
+INSERT INTO justonce_effects (scope, `key`, state, policy)
+SELECT %(scope)s, d.k, 'pending', %(policy)s
+  FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (ord FOR ORDINALITY, k VARCHAR(512) PATH '$')) AS d
+ WHERE NOT EXISTS (SELECT 1 FROM justonce_effects x
+                    WHERE x.scope = %(scope)s AND x.`key` = d.k)
+ ORDER BY d.ord
+ON DUPLICATE KEY UPDATE scope = justonce_effects.scope;
+
+-- name: effect_lock_many
+-- "Check state": the chunk's entries locked in list order (READ COMMITTED releases the
+-- lock of a row the WHERE then rejects). Done entries are left out (a key missing from the
+-- answer is done); those of another policy come back anyway, so that the caller refuses.
+SELECT e.`key`, e.state, e.policy, e.token, (e.lease_expires_at <= NOW(6)) AS expired
+  FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
+  STRAIGHT_JOIN justonce_effects e FORCE INDEX (PRIMARY) ON e.scope = %(scope)s AND e.`key` = d.k
+ WHERE e.state <> 'done' OR e.policy <> %(policy)s
+   FOR UPDATE;
+
+-- name: effect_take_many
+-- "Change state": the claimable keys of the chunk (all locked by this transaction already),
+-- each with a new token.
+UPDATE JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
+  STRAIGHT_JOIN justonce_effects e FORCE INDEX (PRIMARY) ON e.scope = %(scope)s AND e.`key` = d.k
+   SET e.state = 'running', e.token = e.token + 1, e.owner = %(owner)s,
+       e.attempts = e.attempts + 1,
+       e.lease_expires_at = NOW(6) + INTERVAL ROUND(%(lease)s * 1000000) MICROSECOND,
+       e.updated_at = NOW(6);
+SELECT e.`key`, e.token
+  FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
+  STRAIGHT_JOIN justonce_effects e FORCE INDEX (PRIMARY) ON e.scope = %(scope)s AND e.`key` = d.k;
+
+-- name: effect_finish_many
+-- The chunk's outcome: %(keys)s, %(tokens)s, %(results)s (JSON text or null) and
+-- %(errors)s (null: fn returned, so done; text: fn raised, so pending again) are aligned
+-- JSON lists. The entries still held by their token are locked in list order, then updated
+-- from the same lists; a key whose claim was taken over is not in the answer.
+SELECT e.`key`
+  FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (ord FOR ORDINALITY, k VARCHAR(512) PATH '$')) AS d
+  JOIN (SELECT ord, token
+          FROM JSON_TABLE(%(tokens)s, '$[*]' COLUMNS (ord FOR ORDINALITY, token BIGINT PATH '$')) AS x
+         LIMIT 18446744073709551615) AS t ON t.ord = d.ord
+  STRAIGHT_JOIN justonce_effects e FORCE INDEX (PRIMARY) ON e.scope = %(scope)s AND e.`key` = d.k
+ WHERE e.token = t.token AND e.state = 'running'
+   FOR UPDATE;
+UPDATE JSON_TABLE(%(keys)s, '$[*]' COLUMNS (ord FOR ORDINALITY, k VARCHAR(512) PATH '$')) AS d
+  JOIN (SELECT ord, result
+          FROM JSON_TABLE(%(results)s, '$[*]' COLUMNS (ord FOR ORDINALITY, result LONGTEXT PATH '$')) AS x
+         LIMIT 18446744073709551615) AS r ON r.ord = d.ord
+  JOIN (SELECT ord, error
+          FROM JSON_TABLE(%(errors)s, '$[*]' COLUMNS (ord FOR ORDINALITY, error LONGTEXT PATH '$')) AS x
+         LIMIT 18446744073709551615) AS f ON f.ord = d.ord
+  STRAIGHT_JOIN justonce_effects e FORCE INDEX (PRIMARY) ON e.scope = %(scope)s AND e.`key` = d.k
+   SET e.state = IF(f.error IS NULL, 'done', 'pending'),
+       e.done_at = IF(f.error IS NULL, NOW(6), NULL),
+       e.result = IF(f.error IS NULL, r.result, e.result),
+       e.last_error = COALESCE(f.error, e.last_error),
+       e.updated_at = NOW(6), e.lease_expires_at = NULL
+ WHERE e.`key` IN %(picked)s;
+SELECT `key`, state FROM justonce_effects WHERE scope = %(scope)s AND `key` IN %(picked)s;
+
 -- Metrics
 
 -- name: metrics_snapshot

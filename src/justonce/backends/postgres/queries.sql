@@ -766,6 +766,68 @@ SELECT state, (state = 'running' AND lease_expires_at <= now()), count(*)
   FROM justonce_effects WHERE scope = %(scope)s
  GROUP BY 1, 2
 
+-- Effects in bulk (Effects.run_many): per chunk of keys, one claim transaction (ensure, lock,
+-- take: three statements, decided between lock and take by the same rules as effect_claim)
+-- and one finishing transaction. Every statement that locks entries locks them in key
+-- order (the ORDER BY under FOR UPDATE): two chunks that overlap, or a claim and a finish,
+-- then wait for each other instead of deadlocking.
+
+-- name: effect_ensure_many
+-- The missing entries of the chunk, inserted in key order (an insert waits for another
+-- transaction's uncommitted insert of the same key: the same order keeps those waits
+-- acyclic). Existing entries are not locked here.
+INSERT INTO justonce_effects (scope, key, state, policy)
+SELECT %(scope)s, k, 'pending', %(policy)s FROM unnest(%(keys)s::text[]) AS k ORDER BY k
+ON CONFLICT (scope, key) DO NOTHING
+
+-- name: effect_lock_many
+-- "Check state": the chunk's entries locked in key order. Done entries are left out (a key
+-- missing from the answer is done), so a re-run over a finished scope locks nothing and
+-- dirties no page; those of another policy come back anyway, so that the caller refuses the
+-- chunk. A row that changed while this waited for its lock is re-read (READ COMMITTED):
+-- the state seen is the one the lock protects.
+SELECT key, state, policy, token, (lease_expires_at <= now()) AS expired
+  FROM justonce_effects
+ WHERE scope = %(scope)s AND key = ANY(%(keys)s::text[])
+   AND (state <> 'done' OR policy <> %(policy)s)
+ ORDER BY key
+   FOR UPDATE
+
+-- name: effect_take_many
+-- "Change state": the claimable keys of the chunk (all locked by this transaction already),
+-- each with a new token.
+UPDATE justonce_effects
+   SET state = 'running', token = token + 1, owner = %(owner)s, attempts = attempts + 1,
+       lease_expires_at = now() + %(lease)s::float8 * interval '1 second', updated_at = now()
+ WHERE scope = %(scope)s AND key = ANY(%(keys)s::text[])
+RETURNING key, token
+
+-- name: effect_finish_many
+-- The chunk's outcome in one statement: %(errors)s null = fn returned (done, with its
+-- result), text = fn raised (pending again, the error kept). Fenced by each key's token: a
+-- key whose claim was taken over is not in the answer. The rows are locked in key order
+-- first (the materialised CTE) and only then updated: an UPDATE joined to a list would
+-- lock them in whatever order its plan visits them.
+WITH d AS MATERIALIZED (
+    SELECT * FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(results)s::text[],
+                         %(errors)s::text[]) AS d(key, token, result, error)
+), locked AS MATERIALIZED (
+    SELECT e.key FROM justonce_effects e JOIN d ON e.key = d.key AND e.token = d.token
+     WHERE e.scope = %(scope)s AND e.state = 'running'
+     ORDER BY e.key
+       FOR UPDATE OF e
+)
+UPDATE justonce_effects e
+   SET state = CASE WHEN d.error IS NULL THEN 'done' ELSE 'pending' END,
+       done_at = CASE WHEN d.error IS NULL THEN now() END,
+       result = CASE WHEN d.error IS NULL THEN d.result::jsonb ELSE e.result END,
+       last_error = COALESCE(d.error, e.last_error),
+       updated_at = now(), lease_expires_at = NULL
+  FROM d
+ WHERE e.scope = %(scope)s AND e.key = d.key AND e.token = d.token AND e.state = 'running'
+   AND e.key IN (SELECT key FROM locked)
+RETURNING e.key, e.state
+
 -- Metrics
 
 -- name: metrics_snapshot

@@ -453,6 +453,55 @@ SELECT state, (state = 'running' AND lease_expires_at <= NOW()), count(*)
   FROM justonce_effects WHERE scope = :scope
  GROUP BY 1, 2
 
+-- Effects in bulk (Effects.run_many): per chunk, one claim transaction (ensure, lock, take)
+-- and one finishing transaction. :keys arrive as a JSON list sorted by key; BEGIN IMMEDIATE's
+-- write lock stands for the rows' locks, so the order matters only on the other dialects.
+
+-- name: effect_ensure_many
+-- The missing entries of the chunk, in one statement. (WHERE true: SQLite's parser would
+-- otherwise read ON CONFLICT as a join constraint of the SELECT.)
+INSERT INTO justonce_effects (scope, key, state, policy, created_at, updated_at)
+SELECT :scope, value, 'pending', :policy, NOW(), NOW() FROM json_each(:keys) WHERE true
+ON CONFLICT (scope, key) DO NOTHING
+
+-- name: effect_lock_many
+-- "Check state" for the chunk. Done entries are left out (a key missing from the answer is
+-- done): a re-run over a finished scope then reads rather than locks on every dialect;
+-- those of another policy come back anyway, so that the caller refuses the chunk.
+SELECT key, state, policy, token, (lease_expires_at <= NOW()) AS expired
+  FROM justonce_effects
+ WHERE scope = :scope AND key IN (SELECT value FROM json_each(:keys))
+   AND (state <> 'done' OR policy <> :policy)
+ ORDER BY key
+
+-- name: effect_take_many
+-- "Change state": the claimable keys of the chunk (all locked by this transaction), each
+-- with a new token.
+UPDATE justonce_effects
+   SET state = 'running', token = token + 1, owner = :owner, attempts = attempts + 1,
+       lease_expires_at = NOW() + :lease, updated_at = NOW()
+ WHERE scope = :scope AND key IN (SELECT value FROM json_each(:keys))
+RETURNING key, token
+
+-- name: effect_finish_many
+-- The chunk's outcome in one statement: :keys, :tokens, :results (JSON text or null) and
+-- :errors (null: fn returned, so done; text: fn raised, so pending again) are aligned JSON
+-- lists. Fenced by each key's token: a key whose claim was taken over is not in the answer.
+UPDATE justonce_effects
+   SET state = CASE WHEN d.error IS NULL THEN 'done' ELSE 'pending' END,
+       done_at = CASE WHEN d.error IS NULL THEN NOW() END,
+       result = CASE WHEN d.error IS NULL THEN d.result ELSE justonce_effects.result END,
+       last_error = COALESCE(d.error, justonce_effects.last_error),
+       updated_at = NOW(), lease_expires_at = NULL
+  FROM (SELECT k.value AS key, t.value AS token, r.value AS result, e.value AS error
+          FROM json_each(:keys) k
+          JOIN json_each(:tokens) t ON t.key = k.key
+          JOIN json_each(:results) r ON r.key = k.key
+          JOIN json_each(:errors) e ON e.key = k.key) AS d
+ WHERE justonce_effects.scope = :scope AND justonce_effects.key = d.key
+   AND justonce_effects.token = d.token AND justonce_effects.state = 'running'
+RETURNING justonce_effects.key, justonce_effects.state
+
 -- Dashboard (backends/dashstore.py, web/snapshot.py): see the PostgreSQL file. SQLite has
 -- no planner row estimate; the span of ids (two rowid look-ups) stands in for one.
 

@@ -1,0 +1,324 @@
+"""Effects in bulk (``app.effects.run_many``), against every backend: each claimable key's
+effect once, the reasons for skipping the others, failures released and the run going on,
+overtaken claims under at least once, interruptions, the caller's transaction, bad input.
+Then real processes: six racing over overlapping key sets with one killed mid-chunk, and
+``kill -9`` inside ``fn`` leaving exactly the current chunk's unmarked keys in doubt."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import proc_app
+from effects_many_procs import read_logs, send_many
+from fleet import proc_app_on, wait_for
+from justonce import (
+    AT_LEAST_ONCE,
+    AT_MOST_ONCE,
+    App,
+    EffectNotFound,
+    EffectsOutcome,
+    InvalidName,
+    InvalidOption,
+    LockTimeout,
+)
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[App]:
+    with proc_app_on(db_url) as a:
+        proc_app.create_effect_log(db_url)
+        yield a
+
+
+def states(app: App, scope: str) -> dict[str, str]:
+    return {e.key: e.state for e in app.effects.list(scope, limit=100_000)}
+
+
+def test_run_many_does_each_claimable_key_once_and_counts_why_it_skipped_the_others(app: App) -> None:
+    app.effects.run("push", 3, lambda idem: "sent before")           # done
+    app.effects.claim("push", 5, lease=60)                             # running, live lease
+    app.effects.claim("push", 7, lease=0.05)                           # its holder "died"
+    time.sleep(0.1)                                                    # ... in doubt
+    calls: list[str] = []
+    keys = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 8, "8", 0]                  # duplicates collapse
+    out = app.effects.run_many("push", keys, lambda idem: calls.append(idem) or {"id": idem},
+                               chunk=4)
+    assert isinstance(out, EffectsOutcome)
+    assert (out.keys, out.chunks, out.done, out.redone, out.ran) == (10, 3, 7, 0, 7)
+    assert out.skipped == {"done": 1, "running": 1, "in_doubt": 1}
+    assert (out.failed, out.overtaken) == ({}, ())
+    # Chunks in the order given ([9 8 7 6] [5 4 3 2] [1 0]), fn in key order within each.
+    assert calls == [f"push:{k}" for k in ("6", "8", "9", "2", "4", "0", "1")]
+    assert app.effects.get("push", 9).result == {"id": "push:9"}
+    assert app.effects.counts("push") == {"done": 8, "running": 1, "in_doubt": 1}
+    assert "7 done" in str(out) and "1 in_doubt" in str(out)
+    again = app.effects.run_many("push", range(10), lambda idem: calls.append(idem))
+    assert (again.done, again.ran, again.skipped["done"]) == (0, 0, 8)
+    assert len(calls) == 7
+
+
+def test_fn_raising_for_some_keys_releases_them_and_the_run_goes_on(app: App) -> None:
+    def send(idem: str) -> str:
+        if int(idem.rsplit(":", 1)[1]) % 3 == 0:
+            raise ConnectionError(f"smtp refused {idem}")
+        return "sent"
+
+    out = app.effects.run_many("mail", range(10), send, chunk=3)
+    assert (out.done, out.chunks) == (6, 4)
+    assert out.failed == {k: f"ConnectionError: smtp refused mail:{k}" for k in ("0", "3", "6", "9")}
+    assert states(app, "mail") == {str(k): "pending" if k % 3 == 0 else "done" for k in range(10)}
+    assert "smtp refused mail:3" in (app.effects.get("mail", 3).last_error or "")
+    retry = app.effects.run_many("mail", range(10), lambda idem: "sent")
+    assert (retry.done, retry.skipped["done"], retry.failed) == (4, 6, {})
+    assert app.effects.get("mail", 3).attempts == 2
+
+
+def test_at_least_once_redoes_entries_in_doubt_and_a_late_chunk_is_overtaken(app: App) -> None:
+    started, outcomes = threading.Event(), {}
+
+    def slow(idem: str) -> str:
+        if not started.is_set():
+            started.set()
+            time.sleep(0.8)  # the chunk outlives its 0.3 s lease
+        return "late"
+
+    def late_holder() -> None:
+        outcomes["late"] = app.effects.run_many("charge", [1, 2, 3], slow, policy=AT_LEAST_ONCE,
+                                                lease=0.3)
+
+    t = threading.Thread(target=late_holder)
+    t.start()
+    assert started.wait(30)
+    time.sleep(0.4)
+    redo = app.effects.run_many("charge", [1, 2, 3, 4], lambda idem: "redone", policy=AT_LEAST_ONCE)
+    t.join(30)
+    assert (redo.done, redo.redone) == (4, 3)
+    late = outcomes["late"]
+    assert (late.done, late.overtaken, late.ran) == (0, ("1", "2", "3"), 3)
+    for k in (1, 2, 3):
+        info = app.effects.get("charge", k)
+        assert (info.state, info.result, info.token) == ("done", "redone", 2)
+
+
+def test_an_entry_in_doubt_is_not_redone_at_most_once_and_one_of_another_policy_refuses_the_chunk(
+    app: App
+) -> None:
+    app.effects.claim("charge", 2, lease=0.05)  # at most once; its holder dies
+    time.sleep(0.1)
+    out = app.effects.run_many("charge", [1, 2, 3], lambda idem: None)
+    assert (out.done, out.skipped["in_doubt"]) == (2, 1)
+    with pytest.raises(InvalidOption, match="at_most_once"):
+        app.effects.run_many("charge", [4, 2, 5], lambda idem: None, policy=AT_LEAST_ONCE)
+    with pytest.raises(EffectNotFound):  # the refused chunk's claim was rolled back whole
+        app.effects.get("charge", 4)
+    assert app.effects.get("charge", 2).state == "in_doubt"
+
+
+def test_a_keyboard_interrupt_keeps_what_returned_releases_the_rest_of_its_chunk_and_is_raised(
+    app: App
+) -> None:
+    calls: list[str] = []
+
+    def fn(idem: str) -> None:
+        calls.append(idem)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        app.effects.run_many("push", range(12), fn, chunk=5)
+    # Chunk [0-4] done; in chunk [5-9] 5 returned, 6 was interrupted, 7-9 never ran;
+    # chunk [10, 11] untouched.
+    got = states(app, "push")
+    assert got == {**{str(k): "done" for k in range(6)}, **{str(k): "pending" for k in range(6, 10)}}
+    assert app.effects.get("push", 6).last_error == "interrupted: KeyboardInterrupt"
+    assert app.effects.in_doubt("push") == []
+
+
+def test_run_many_on_the_callers_connection_commits_or_rolls_back_with_it(app: App, db_url: str) -> None:
+    conn = proc_app.ledger_connect(db_url)
+    sql = proc_app._sql(conn, "INSERT INTO effect_log (k, pid, event) VALUES (?, 0, 'credit')")
+    try:
+        with pytest.raises(RuntimeError), proc_app._Tx(conn) as c:
+            out = app.effects.run_many("credit", [1, 2, 3], lambda idem: c.execute(sql, (idem,)) and None,
+                                       conn=c, chunk=2)
+            assert (out.done, out.chunks) == (3, 1)  # one chunk: the whole call
+            raise RuntimeError("the caller's own work failed after the effects")
+        assert proc_app.effect_rows(db_url) == [] and app.effects.list("credit") == []
+        with proc_app._Tx(conn) as c:
+            out = app.effects.run_many("credit", [1, 2, 3], lambda idem: c.execute(sql, (idem,)) and None,
+                                       conn=c)
+        assert sorted(k for k, _, _ in proc_app.effect_rows(db_url)) == ["credit:1", "credit:2", "credit:3"]
+        assert app.effects.counts("credit") == {"done": 3}
+    finally:
+        conn.close()
+
+
+def test_a_chunk_whose_entry_stays_locked_times_out_and_claims_nothing(app: App, db_url: str) -> None:
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        with proc_app._Tx(conn) as c:
+            assert app.effects.claim("push", 2, conn=c).claimed  # its lock lasts until commit
+            with pytest.raises(LockTimeout):
+                app.effects.run_many("push", [1, 2, 3], lambda idem: None, lock_timeout=0.3)
+        assert states(app, "push") == {"2": "running"}
+    finally:
+        conn.close()
+
+
+def test_no_keys_is_an_empty_outcome(app: App) -> None:
+    out = app.effects.run_many("push", iter(()), lambda idem: None)
+    assert (out.keys, out.chunks, out.ran, out.per_second) == (0, 0, 0, 0.0)
+
+
+def _bad_at_the_end() -> Iterator[Any]:
+    yield from range(100)
+    yield ""
+
+
+@pytest.mark.parametrize("call", [
+    lambda app: app.effects.run_many("", [1], lambda i: None),
+    lambda app: app.effects.run_many(None, [1], lambda i: None),
+    lambda app: app.effects.run_many("s" * 201, [1], lambda i: None),
+    lambda app: app.effects.run_many("s", "12345", lambda i: None),
+    lambda app: app.effects.run_many("s", b"12345", lambda i: None),
+    lambda app: app.effects.run_many("s", 12345, lambda i: None),
+    lambda app: app.effects.run_many("s", [1, None], lambda i: None),
+    lambda app: app.effects.run_many("s", [1, ""], lambda i: None),
+    lambda app: app.effects.run_many("s", [1, 1.5], lambda i: None),
+    lambda app: app.effects.run_many("s", [1, "x" * 513], lambda i: None),
+    lambda app: app.effects.run_many("s", _bad_at_the_end(), lambda i: None),
+    lambda app: app.effects.run_many("s", [1], "not callable"),
+    lambda app: app.effects.run_many("s", [1], lambda i: None, chunk=0),
+    lambda app: app.effects.run_many("s", [1], lambda i: None, chunk=10_001),
+    lambda app: app.effects.run_many("s", [1], lambda i: None, chunk=True),
+    lambda app: app.effects.run_many("s", [1], lambda i: None, chunk=2.5),
+    lambda app: app.effects.run_many("s", [1], lambda i: None, policy="exactly_once"),
+    lambda app: app.effects.run_many("s", [1], lambda i: None, lease=0),
+    lambda app: app.effects.run_many("s", [1], lambda i: None, lock_timeout=0),
+])
+def test_bad_run_many_input_is_refused_before_anything_is_written(app: App, call: Any) -> None:
+    with pytest.raises((InvalidOption, InvalidName)):
+        call(app)
+    assert app.effects.list("s") == [] and proc_app.effect_rows(app.database_url) == []
+
+
+# -- real processes ------------------------------------------------------------------------
+
+
+class Procs:
+    """Spawned processes, killed at the end whatever happens."""
+
+    def __init__(self) -> None:
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: list[Any] = []
+
+    def start(self, *args: Any, **kwargs: Any) -> Any:
+        p = self.ctx.Process(target=send_many, args=args, kwargs=kwargs, daemon=True)
+        p.start()
+        self.procs.append(p)
+        return p
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.kill_all()
+
+
+def test_six_processes_racing_over_overlapping_keys_do_each_effect_at_most_once(
+    app: App, db_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """6 processes, 3,000 keys, each process a random 60 % of them in a shuffled order and
+    its own chunk size; the first one kills itself (SIGKILL) on its 60th effect. Every
+    effect is logged (flushed) before fn returns. Afterwards: no key is in two logs or twice
+    in one; every key a survivor asked for is done or in doubt; only the dead process's keys
+    are in doubt, at most one chunk of them; every done key was logged."""
+    lease, chunks = 1.5, [50, 100, 37, 150, 64, 200]
+    start, results = procs.ctx.Event(), procs.ctx.Queue()
+    asked: list[set[int]] = []
+    for i in range(6):
+        rng = random.Random(i)
+        keys = rng.sample(range(3000), 1800)  # (a sample is shuffled)
+        asked.append(set(keys))
+        procs.start(db_url, "race", keys, chunks[i], AT_MOST_ONCE, lease, str(tmp_path), start,
+                    results, 60 if i == 0 else 0)
+    time.sleep(0.5)
+    start.set()
+    victim = procs.procs[0]
+    victim.join(120)
+    assert victim.exitcode is not None and victim.exitcode < 0  # it died by the signal
+    survivors = [results.get(timeout=120) for _ in range(5)]
+    time.sleep(lease + 0.2)  # the dead holder's lease runs out
+
+    logs = read_logs(str(tmp_path))
+    sent = Counter(k for keys in logs.values() for k in keys)
+    assert sent and max(sent.values()) == 1, "an effect happened twice"
+    got = states(app, "race")
+    in_doubt = {e.key for e in app.effects.in_doubt("race", limit=10_000)}
+    for _, done, skipped, failed, overtaken, n in survivors:
+        assert n == 1800 and failed == overtaken == 0
+        assert done + sum(skipped.values()) == 1800
+    for keys in asked[1:]:
+        for k in keys:
+            assert got[str(k)] == "done" or str(k) in in_doubt, (k, got[str(k)])
+    assert in_doubt <= {str(k) for k in asked[0]} and len(in_doubt) <= chunks[0]
+    done = {k for k, s in got.items() if s == "done"}
+    assert done <= set(sent)                     # marked done only after fn returned
+    assert set(sent) - done <= in_doubt          # logged and not done: the victim's last chunk
+    assert sum(d for _, d, *_ in survivors) > 1000  # the work was shared
+
+
+@pytest.mark.parametrize("policy", [AT_MOST_ONCE, AT_LEAST_ONCE])
+def test_kill_9_inside_fn_leaves_exactly_its_chunks_unmarked_keys_in_doubt(
+    app: App, db_url: str, procs: Procs, tmp_path: Path, policy: str
+) -> None:
+    """One process, 400 keys in chunks of 50, kills itself (SIGKILL) on its 130th effect
+    (chunk 2, 30 effects in). Then the 50 keys of chunk 2 are in doubt, chunks 0-1 done,
+    chunks 3-7 untouched. At most once: a second run redoes none of them. At least once:
+    after the lease, a second run redoes each of them once and does the rest."""
+    keys = random.Random(7).sample(range(10_000), 400)
+    lease, chunk = 1.0, 50
+    results = procs.ctx.Queue()
+    (tmp_path / "victim").mkdir()
+    victim = procs.start(db_url, "kill", keys, chunk, policy, lease, str(tmp_path / "victim"),
+                         None, results, 130)
+    victim.join(60)
+    assert victim.exitcode is not None and victim.exitcode < 0
+    (victim_log,) = read_logs(str(tmp_path / "victim")).values()
+    assert len(victim_log) == 130
+    current = {str(k) for k in keys[2 * chunk:3 * chunk]}
+    wait_for(lambda: len(app.effects.in_doubt("kill")) == chunk, 10, "the dead holder's lease to run out")
+    assert {e.key for e in app.effects.in_doubt("kill")} == current
+    got = states(app, "kill")
+    assert {k for k, s in got.items() if s == "done"} == {str(k) for k in keys[:2 * chunk]}
+    assert set(got) == {str(k) for k in keys[:3 * chunk]}  # later chunks untouched
+
+    redone: list[str] = []
+    redo = app.effects.run_many("kill", keys, lambda idem: redone.append(idem.rsplit(":", 1)[1]),
+                                policy=policy, chunk=chunk)
+    if policy == AT_MOST_ONCE:
+        assert (redo.done, redo.skipped) == (250, {"done": 100, "running": 0, "in_doubt": 50})
+        assert not current & set(redone)
+        assert {e.key for e in app.effects.in_doubt("kill")} == current
+    else:
+        assert (redo.done, redo.redone, redo.skipped["done"]) == (300, 50, 100)
+        assert Counter(redone) == Counter({k: 1 for k in current} | {str(k): 1 for k in keys[3 * chunk:]})
+        assert app.effects.counts("kill") == {"done": 400}
