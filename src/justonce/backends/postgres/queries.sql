@@ -768,54 +768,73 @@ SELECT state, (state = 'running' AND lease_expires_at <= now()), count(*)
 
 -- Effects in bulk (Effects.run_many): per chunk of keys, one claim transaction (ensure, lock,
 -- take: three statements, decided between lock and take by the same rules as effect_claim)
--- and one finishing transaction. Every statement that locks entries locks them in key
--- order (the ORDER BY under FOR UPDATE): two chunks that overlap, or a claim and a finish,
--- then wait for each other instead of deadlocking.
+-- and one finishing transaction. %(keys)s arrives sorted; every statement that locks
+-- entries locks them in that order (the list drives a nested loop of primary-key look-ups,
+-- each locking its row): two chunks that overlap, or a claim and a finish, then wait for
+-- each other instead of deadlocking.
+--
+-- Shape: each key is looked up by itself (LATERAL ... OFFSET 0, which the planner cannot
+-- flatten into a join). Given `scope = $1 AND key = ANY($2)` on a table not analyzed since
+-- a scope grew (a Push inserts its whole list), the planner estimated a few hundred rows
+-- for the scope and read all of them for each chunk: 15-25 ms a statement in a 60,000-entry
+-- scope, growing with it, against 1-2 ms. Updates then go to the rows found, by ctid
+-- (stable: this transaction holds their locks).
 
 -- name: effect_ensure_many
--- The missing entries of the chunk, inserted in key order (an insert waits for another
--- transaction's uncommitted insert of the same key: the same order keeps those waits
--- acyclic). Existing entries are not locked here.
+-- The missing entries of the chunk, inserted in list order (an insert waits for another
+-- transaction's uncommitted insert of the same key: one order keeps those waits acyclic).
+-- Existing entries are not locked here.
 INSERT INTO justonce_effects (scope, key, state, policy)
-SELECT %(scope)s, k, 'pending', %(policy)s FROM unnest(%(keys)s::text[]) AS k ORDER BY k
+SELECT %(scope)s, k, 'pending', %(policy)s
+  FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(k, ord)
+ ORDER BY ord
 ON CONFLICT (scope, key) DO NOTHING
 
 -- name: effect_lock_many
--- "Check state": the chunk's entries locked in key order. Done entries are left out (a key
--- missing from the answer is done), so a re-run over a finished scope locks nothing and
+-- "Check state": the chunk's entries locked in list order. Done entries are left out (a
+-- key missing from the answer is done), so a re-run over a finished scope locks nothing and
 -- dirties no page; those of another policy come back anyway, so that the caller refuses the
--- chunk. A row that changed while this waited for its lock is re-read (READ COMMITTED):
--- the state seen is the one the lock protects.
-SELECT key, state, policy, token, (lease_expires_at <= now()) AS expired
-  FROM justonce_effects
- WHERE scope = %(scope)s AND key = ANY(%(keys)s::text[])
-   AND (state <> 'done' OR policy <> %(policy)s)
- ORDER BY key
-   FOR UPDATE
+-- chunk. A row that changed while this waited for its lock is re-read and re-checked
+-- (READ COMMITTED): the state seen is the one the lock protects.
+SELECT e.key, e.state, e.policy, e.token, e.expired
+  FROM unnest(%(keys)s::text[]) AS k(key)
+ CROSS JOIN LATERAL (
+        SELECT key, state, policy, token, (lease_expires_at <= now()) AS expired
+          FROM justonce_effects
+         WHERE scope = %(scope)s AND key = k.key
+           AND (state <> 'done' OR policy <> %(policy)s)
+        OFFSET 0
+           FOR UPDATE) AS e
 
 -- name: effect_take_many
--- "Change state": the claimable keys of the chunk (all locked by this transaction already),
+-- "Change state": the claimable keys of the chunk (locked by this transaction already),
 -- each with a new token.
 UPDATE justonce_effects
    SET state = 'running', token = token + 1, owner = %(owner)s, attempts = attempts + 1,
        lease_expires_at = now() + %(lease)s::float8 * interval '1 second', updated_at = now()
- WHERE scope = %(scope)s AND key = ANY(%(keys)s::text[])
+ WHERE ctid = ANY(ARRAY(
+         SELECT e.ctid FROM unnest(%(keys)s::text[]) AS k(key)
+          CROSS JOIN LATERAL (SELECT ctid FROM justonce_effects
+                               WHERE scope = %(scope)s AND key = k.key OFFSET 0) AS e))
 RETURNING key, token
 
 -- name: effect_finish_many
 -- The chunk's outcome in one statement: %(errors)s null = fn returned (done, with its
 -- result), text = fn raised (pending again, the error kept). Fenced by each key's token: a
--- key whose claim was taken over is not in the answer. The rows are locked in key order
--- first (the materialised CTE) and only then updated: an UPDATE joined to a list would
--- lock them in whatever order its plan visits them.
+-- key whose claim was taken over is not in the answer. The rows are locked in list order
+-- first (the materialised CTE, whose look-ups check the token and state under the lock),
+-- then updated by ctid: restating scope and state here brought back the scan of the scope.
 WITH d AS MATERIALIZED (
     SELECT * FROM unnest(%(keys)s::text[], %(tokens)s::bigint[], %(results)s::text[],
                          %(errors)s::text[]) AS d(key, token, result, error)
 ), locked AS MATERIALIZED (
-    SELECT e.key FROM justonce_effects e JOIN d ON e.key = d.key AND e.token = d.token
-     WHERE e.scope = %(scope)s AND e.state = 'running'
-     ORDER BY e.key
-       FOR UPDATE OF e
+    SELECT e.ctid AS row_id
+      FROM d
+     CROSS JOIN LATERAL (
+            SELECT ctid FROM justonce_effects
+             WHERE scope = %(scope)s AND key = d.key AND token = d.token AND state = 'running'
+            OFFSET 0
+               FOR UPDATE) AS e
 )
 UPDATE justonce_effects e
    SET state = CASE WHEN d.error IS NULL THEN 'done' ELSE 'pending' END,
@@ -824,8 +843,7 @@ UPDATE justonce_effects e
        last_error = COALESCE(d.error, e.last_error),
        updated_at = now(), lease_expires_at = NULL
   FROM d
- WHERE e.scope = %(scope)s AND e.key = d.key AND e.token = d.token AND e.state = 'running'
-   AND e.key IN (SELECT key FROM locked)
+ WHERE e.ctid = ANY(ARRAY(SELECT row_id FROM locked)) AND e.key = d.key
 RETURNING e.key, e.state
 
 -- Metrics
