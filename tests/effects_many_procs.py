@@ -13,10 +13,11 @@ import justonce
 
 
 def send_many(url: str, scope: str, keys: list[int], chunk: int, policy: str, lease: float,
-              log_dir: str, start: Any, results: Any, die_at: int = 0) -> None:
+              log_dir: str, start: Any, results: Any, die_at: int = 0, ready: Any = None) -> None:
     """``run_many`` over ``keys`` in the order given from this process, logging each
     effect to ``log_dir/<pid>.log``. ``die_at`` > 0: SIGKILL this process on that call of
-    ``fn`` (after logging it). Puts (pid, done, skipped, failed, overtaken, keys) on
+    ``fn`` (after logging it). ``ready``: a queue it puts its pid on once connected, before
+    it waits for ``start`` (so that a slow spawn cannot leave it nothing to do). Puts (pid, done, skipped, failed, overtaken, keys) on
     ``results`` when it lives to the end."""
     app = justonce.App(url, strict=False)
     calls = 0
@@ -30,6 +31,9 @@ def send_many(url: str, scope: str, keys: list[int], chunk: int, policy: str, le
                 os.kill(os.getpid(), signal.SIGKILL)
 
         if start is not None:
+            app.effects.counts(scope)  # connected and schema checked before the start
+            if ready is not None:
+                ready.put(os.getpid())
             start.wait(60)
         out = app.effects.run_many(scope, keys, effect, chunk=chunk, policy=policy, lease=lease,
                                    lock_timeout=60)

@@ -252,15 +252,16 @@ def test_six_processes_racing_over_overlapping_keys_do_each_effect_at_most_once(
     in one; every key a survivor asked for is done or in doubt; only the dead process's keys
     are in doubt, at most one chunk of them; every done key was logged."""
     lease, chunks = 1.5, [50, 100, 37, 150, 64, 200]
-    start, results = procs.ctx.Event(), procs.ctx.Queue()
+    start, results, ready = procs.ctx.Event(), procs.ctx.Queue(), procs.ctx.Queue()
     asked: list[set[int]] = []
     for i in range(6):
         rng = random.Random(i)
         keys = rng.sample(range(3000), 1800)  # (a sample is shuffled)
         asked.append(set(keys))
         procs.start(db_url, "race", keys, chunks[i], AT_MOST_ONCE, lease, str(tmp_path), start,
-                    results, 60 if i == 0 else 0)
-    time.sleep(0.5)
+                    results, 60 if i == 0 else 0, ready)
+    for _ in range(6):  # all connected: a late spawn (a loaded machine) must not find its
+        ready.get(timeout=120)  # keys done by the others and never reach its 60th effect
     start.set()
     victim = procs.procs[0]
     victim.join(120)
