@@ -17,8 +17,8 @@ def send_many(url: str, scope: str, keys: list[int], chunk: int, policy: str, le
     """``run_many`` over ``keys`` in the order given from this process, logging each
     effect to ``log_dir/<pid>.log``. ``die_at`` > 0: SIGKILL this process on that call of
     ``fn`` (after logging it). ``ready``: a queue it puts its pid on once connected, before
-    it waits for ``start`` (so that a slow spawn cannot leave it nothing to do). Puts (pid, done, skipped, failed, overtaken, keys) on
-    ``results`` when it lives to the end."""
+    it waits for ``start`` (so that a slow spawn cannot leave it nothing to do). Puts (pid,
+    done, skipped, failed, overtaken, keys) on ``results`` when it lives to the end."""
     app = justonce.App(url, strict=False)
     calls = 0
     with open(Path(log_dir) / f"{os.getpid()}.log", "a", buffering=1) as log:
