@@ -200,14 +200,14 @@ def test_a_partitioned_scan_of_100000_rows_survives_a_killed_worker(
     assert batch.info().acked == 8
 
 
-PER_KEY = 1000 if LONG else 300
+PER_KEY = 1000 if LONG else 200
 
 
 
 def test_jobs_of_one_key_run_strictly_in_order_under_4_partitioned_workers(
     app: App, db_url: str, tmp_path: Path
 ) -> None:
-    """Three keys, jobs 1..1000 each (300 in the short form), enqueued interleaved; 4 worker
+    """Three keys, jobs 1..1000 each (200 in the short form), enqueued interleaved; 4 worker
     processes started with --partitions ordered:4 (concurrency 4 each). Per key, the jobs run
     one at a time (each starts after the previous one ended) in enqueue order."""
     keys = ["alpha", "beta", "gamma"]
