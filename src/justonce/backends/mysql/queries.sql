@@ -49,15 +49,49 @@ VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
 ON DUPLICATE KEY UPDATE id = id;
 SELECT id, state, run_at, created_at, NULL FROM justonce_jobs WHERE id = LAST_INSERT_ID();
 
+-- name: job_insert_doc
+-- dialect-only: MariaDB's bulk insert of calls (MySQLDialect.insert_calls)
+-- One task, one set of options, no keys, and calls that differ in one of args or kwargs:
+-- %(doc)s is that JSON list as justonce encoded it, one entry per job, and the other one
+-- (%(args)s or %(kwargs)s) is the same for every job. Nothing is rendered per job: the
+-- server splits the list (MariaDB's JSON_TABLE returns each entry's text as written;
+-- MySQL 8's would be normalised: big integers, key order) and the options are parsed
+-- once, not once per row. Server time per job here: 14 us, against 19 us for
+-- job_insert_values' rows as they were (17 us with the state in a variable, as now). A
+-- bulk enqueue of 1,000 jobs took 9.9 ms of client CPU with rendered rows, and takes
+-- 1.7 ms, validation included. MariaDB refuses a list nested 32 deep or more (error 4040,
+-- nothing written): the dialect then renders job_insert_values. ORDER BY ord: rows are
+-- inserted, and so draw their consecutive ids (an INSERT … SELECT holds the table's
+-- AUTO-INC lock to its end under innodb_autoinc_lock_mode 0 or 1), in the list's order.
+-- Returns (first id, rows).
+SET @justonce_due = COALESCE(CAST(%(run_at)s AS DATETIME(6)),
+                             NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND),
+    @justonce_state = IF(COALESCE(CAST(%(run_at)s AS DATETIME(6)),
+                                  NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND)
+                         > NOW(6), 'scheduled', 'ready');
+INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
+                           timeout, partition_key, batch_item, partition_hash)
+SELECT %(queue)s, %(task)s, COALESCE(%(args)s, d.doc), COALESCE(%(kwargs)s, d.doc),
+       @justonce_state, %(priority)s, @justonce_due, %(max_attempts)s, %(timeout)s,
+       %(partition_key)s, CONCAT(%(item_prefix)s, d.ord - 1), %(partition_hash)s
+  FROM JSON_TABLE(%(doc)s, '$[*]' COLUMNS (ord FOR ORDINALITY, doc JSON PATH '$')) AS d
+ ORDER BY d.ord;
+SELECT LAST_INSERT_ID(), ROW_COUNT();
+
 -- name: job_insert_values
 -- dialect-only: MySQL's bulk insert of calls (MySQLDialect.insert_calls)
 -- One task, one set of options, no keys: one multi-row INSERT, whose /*rows*/ the dialect
 -- replaces with one job_insert_row per job (rendered and escaped by the driver, as a plain
--- multi-row insert is: 1.6 x the jobs/s of INSERT … SELECT FROM JSON_TABLE here). Returns
--- (first id, rows): a multi-row insert draws consecutive ids, in row order, under
--- innodb_autoinc_lock_mode 0 or 1.
+-- multi-row insert is). MySQL 8 and calls that mix positional and keyword arguments come
+-- here (job_insert_doc is MariaDB's, for calls that differ in one of them). The state is
+-- worked out once: per row it was one more expression for the server to parse and run
+-- (2 us a row). Returns (first id, rows): a multi-row insert draws consecutive ids, in row
+-- order, under innodb_autoinc_lock_mode 0 or 1.
 SET @justonce_due = COALESCE(CAST(%(run_at)s AS DATETIME(6)),
-                             NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND);
+                             NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND),
+    @justonce_state = IF(COALESCE(CAST(%(run_at)s AS DATETIME(6)),
+                                  NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND)
+                         > NOW(6), 'scheduled', 'ready');
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, partition_key, batch_item, partition_hash)
 VALUES /*rows*/;
@@ -65,8 +99,7 @@ SELECT LAST_INSERT_ID(), ROW_COUNT();
 
 -- name: job_insert_row
 -- dialect-only: one row of job_insert_values
-(%(queue)s, %(task)s, %(args)s, %(kwargs)s,
- IF(@justonce_due > NOW(6), 'scheduled', 'ready'), %(priority)s, @justonce_due,
+(%(queue)s, %(task)s, %(args)s, %(kwargs)s, @justonce_state, %(priority)s, @justonce_due,
  %(max_attempts)s, %(timeout)s, %(partition_key)s, %(batch_item)s, %(partition_hash)s)
 
 -- name: job_live_by_keys
