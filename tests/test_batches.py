@@ -215,6 +215,27 @@ def test_jobs_in_a_batch_ack_their_items_when_they_succeed(
     assert len(callbacks(app)) == 1 and len(callbacks(app, "on_ok")) == 1
 
 
+def test_a_batchs_bulk_enqueue_gives_each_job_its_own_item_whatever_the_calls_shape(
+    app: App, tasks: dict[str, Any]
+) -> None:
+    @app.task(name="any_item")
+    def any_item(*args: object, **kwargs: object) -> None:
+        return None
+
+    deep: list = []
+    for _ in range(40):  # deeper than MariaDB's JSON functions read
+        deep = [deep]
+    batch = app.batches.open()
+    for calls in ([(i,) for i in range(20)], [{"a": i} for i in range(20)],
+                  [(i,) if i % 2 else {"a": i} for i in range(20)],
+                  [(i,) for i in range(10)] + [(deep,)] + [(i,) for i in range(9)]):
+        group, job_ids = batch.enqueue_calls("any_item", calls)
+        for i, job_id in enumerate(job_ids):
+            job = app.get_job(job_id)
+            assert job.batch_item == group.item_id(i)
+            assert job.args == (list(calls[i]) if isinstance(calls[i], tuple) else [])
+
+
 def test_a_cancelled_job_marks_its_item_failed_and_a_later_run_does_not_change_it(
     app: App, tasks: dict[str, Any], worker_factory: Any
 ) -> None:

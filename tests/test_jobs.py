@@ -377,6 +377,40 @@ def test_task_enqueue_many_takes_tuples_and_dicts_with_shared_options(tapp: App)
     assert len(claim(tapp, limit=100)) == 50
 
 
+NESTED_63: list = []
+for _ in range(62):
+    NESTED_63 = [NESTED_63]  # 63 levels: 64 as an argument (the most allowed)
+
+
+def test_bulk_enqueue_stores_each_calls_arguments_exactly_whatever_their_shape(app: App) -> None:
+    # MariaDB splits a list of calls on the server when they differ in their positional
+    # arguments only or their keyword arguments only, and renders rows itself otherwise or
+    # when the list is nested deeper than its JSON functions read: every path keeps each
+    # call's arguments as written, in order.
+    @app.task(name="any")
+    def any_task(*args: object, **kwargs: object) -> None:
+        return None
+
+    odd = ["é😀\u2028'\"\\", "%s %(x)s", 2**70, 0.1, -0.0, None, True, [], {"b": 1, "a": 2}]
+    shapes = [
+        [(i, *odd) for i in range(300)],
+        [{"a": i, "odd": odd} for i in range(300)],
+        [(i,) if i % 2 else {"a": i} for i in range(300)],
+        [(i,) for i in range(150)] + [(NESTED_63,)] + [(i,) for i in range(150)],
+        [{"a": i} for i in range(150)] + [{"deep": NESTED_63}] + [{"a": i} for i in range(150)],
+        [()] * 300,
+    ]
+    for calls in shapes:
+        ids = any_task.enqueue_many(calls)
+        assert len(ids) == len(calls) and ids == sorted(ids)
+        for i in (0, 1, 150, 151, len(calls) - 1):
+            job = app.get_job(ids[i])
+            call = calls[i]
+            want = (list(call), {}) if isinstance(call, tuple) else ([], call)
+            assert (job.args, job.kwargs) == want
+            assert list(job.kwargs) == list(want[1])  # key order kept
+
+
 def test_concurrent_bulk_enqueues_of_the_same_keys_in_opposite_orders_do_not_deadlock(
     db_url: str,
 ) -> None:

@@ -97,22 +97,38 @@ def _dumps(value: Any, what: str) -> str:
         raise InvalidArguments(f"{what} are not JSON-serialisable: {exc}") from None
 
 
-# A JSON string (skipped whole, brackets inside it are text) or a bracket.
-_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# A JSON string (brackets inside it are text); a list or dict with no list or dict inside;
+# a bracket.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_INNERMOST = re.compile(r"[\[{][^\[\]{}]*[\]}]")
+_BRACKET = re.compile(r"[\[\]{}]")
+_PASSES = 4
+"""Arguments are rarely nested deeper: past this the brackets left are counted one by one."""
 
 
 def _too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """JSON text nested more than ``limit`` deep."""
+    """JSON text (as json.dumps writes it) nested more than ``limit`` deep. Each pass of a
+    regex removes the innermost lists and dicts (a document ``d`` deep is gone after ``d``
+    passes, and one pass leaves it ``d - 1`` deep): the usual arguments take a few passes
+    in C, where counting every bracket in Python cost 0.9 ms a bulk enqueue of 1,000
+    calls. What is deeper is counted bracket by bracket, and stops as soon as it is too
+    deep (a hostile document costs no more than its first ``limit`` levels)."""
     if text.count("[") + text.count("{") <= limit:  # the usual case: cannot be deeper
         return False
+    if '"' in text:
+        text = _STRING.sub("", text)
+    for _ in range(min(limit, _PASSES)):
+        text, found = _INNERMOST.subn("", text)
+        if not found:
+            return False
+        limit -= 1
     depth = 0
-    for m in _BRACKETS.finditer(text):
-        c = m.group()
-        if c in "[{":
+    for m in _BRACKET.finditer(text):
+        if m.group() in "[{":
             depth += 1
             if depth > limit:
                 return True
-        elif c in "]}":
+        else:
             depth -= 1
     return False
 

@@ -99,6 +99,9 @@ KIND = {s: "select" if _SELECT.match(s) else "write" if _WRITE.match(s) else "ot
 DEADLOCK = 1213
 LOCK_WAIT = 1205
 DUPLICATE = 1062
+JSON_TOO_DEEP = 4040
+"""MariaDB's JSON functions read documents nested at most 31 deep (a list of calls whose
+arguments are at most 30 deep); justonce allows 64."""
 GONE = {2003, 2006, 2013, 2014, 2055, 1927, 4031}
 """Client and server codes of a connection that is lost or unusable: thrown away."""
 DEADLOCK_RETRIES = 8
@@ -151,6 +154,20 @@ def _redact(url: str) -> str:
 
 _MARK = "\x01justonce-row-part\x01"
 """Stands for a per-row value while job_insert_row's constant part is rendered."""
+
+
+_ALL_EMPTY_KWARGS = re.compile(r"\[(?:\{\},)*\{\}\]")
+_ALL_EMPTY_ARGS = re.compile(r"\[(?:\[\],)*\[\]\]")
+"""A list of calls' keyword (positional) arguments where no call has any."""
+
+
+def _consecutive(got: list[Any], n: int) -> list[int]:
+    """The ids of a bulk insert of ``n`` jobs from its (first id, rows) answer: one INSERT
+    under innodb_autoinc_lock_mode 0 or 1 draws consecutive ids, in insert order."""
+    first, count = int(got[0][0]), int(got[0][1])
+    if count != n:
+        raise DatabaseUnavailable(f"bulk insert wrote {count} of {n} jobs")
+    return list(range(first, first + count))
 
 
 def _param(value: Any) -> Any:
@@ -611,6 +628,10 @@ class MySQLDialect(Dialect):
                        "batch_item": None if prefix is None else f"{prefix}{i}"}
                 out.append(int(self._run(c, "job_insert", row)[0][0]))
             return out
+        if self.mariadb:
+            ids = self._insert_doc(c, params, args_doc, kwargs_doc)
+            if ids is not None:
+                return ids
         args, kwargs = json.loads(args_doc), json.loads(kwargs_doc)
         if len(args) != len(kwargs):
             raise InvalidOption("args and kwargs lists differ in length")
@@ -644,13 +665,30 @@ class MySQLDialect(Dialect):
             f"{parts[0]}{literal(a)}{parts[1]}{kwargs_literal(k)}{parts[2]}"
             f"{'NULL' if prefix is None else repr_item(i)}{parts[3]}"
             for i, (a, k) in enumerate(zip(args, kwargs, strict=True)))
-        got = self._run(c, "job_insert_values", params, splice=rows)
-        first, count = int(got[0][0]), int(got[0][1])
-        if count != len(args):
-            raise DatabaseUnavailable(f"bulk insert wrote {count} of {len(args)} jobs")
-        # One multi-row INSERT under innodb_autoinc_lock_mode 0 or 1 draws consecutive ids,
-        # in row order.
-        return list(range(first, first + count))
+        return _consecutive(self._run(c, "job_insert_values", params, splice=rows), len(args))
+
+    def _insert_doc(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
+                    kwargs_doc: str) -> list[int] | None:
+        """job_insert_doc where the calls differ in one of args or kwargs only (every entry
+        of the other list is empty); None where they differ in both, or where the list is
+        nested deeper than MariaDB's JSON functions read (job_insert_values takes both)."""
+        if _ALL_EMPTY_KWARGS.fullmatch(kwargs_doc):
+            doc, fixed = args_doc, {"args": None, "kwargs": "{}"}
+            n = (len(kwargs_doc) - 1) // 3  # "[" + "{}," * (n - 1) + "{}]"
+        elif _ALL_EMPTY_ARGS.fullmatch(args_doc):
+            doc, fixed = kwargs_doc, {"args": "[]", "kwargs": None}
+            n = (len(args_doc) - 1) // 3
+        else:
+            return None
+        if len(json.loads(doc)) != n:
+            raise InvalidOption("args and kwargs lists differ in length")
+        try:
+            got = self._run(c, "job_insert_doc", {**params, **fixed, "doc": doc})
+        except pymysql.err.MySQLError as exc:
+            if _code(exc) == JSON_TOO_DEEP:  # the statement changed nothing
+                return None
+            raise
+        return _consecutive(got, n)
 
     # -- schema, clock, waiting --------------------------------------------------------------------------
     def schema_version(self) -> int:
