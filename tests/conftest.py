@@ -9,12 +9,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fleet import Fleet, fleet_on  # noqa: E402
+from fleet import Fleet, Procs, fleet_on  # noqa: E402
 from justonce import App, Worker  # noqa: E402
 from pgcluster import DEFAULT_URL, Cluster, can_connect, pg_bin  # noqa: E402
 
@@ -179,3 +180,34 @@ def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
     """Real ``justonce worker`` processes on the test's database, killed at the end."""
     with fleet_on(db_url, tmp_path) as f:
         yield f
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    """Spawned helper processes, killed at the end whatever happens."""
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.kill_all()
+
+
+# The service's clients, for every module that defines a ``server`` fixture (webserver.py).
+@pytest.fixture(scope="module")
+def lib(server: Any) -> Iterator[App]:
+    """The library on the server's database, to set up and inspect state directly."""
+    a = App(server.db_url, strict=False)
+    yield a
+    a.close()
+
+
+@pytest.fixture(scope="module")
+def admin(server: Any) -> Iterator[Any]:
+    with server.client(server.admin) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reader(server: Any) -> Iterator[Any]:
+    with server.client(server.reader) as c:
+        yield c

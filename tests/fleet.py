@@ -229,3 +229,26 @@ def stop_outside_a_write(pid: int, url: str, tries: int = 50) -> None:
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.013)
     raise AssertionError(f"process {pid} held the SQLite write lock at each of {tries} stops")
+
+
+class Procs:
+    """Spawned helper processes (functions importable by name, as spawn needs), killed at the
+    end whatever happens."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        self.ctx = multiprocessing.get_context("spawn")
+        self.procs: list[Any] = []
+
+    def start(self, target: Any, *args: Any, **kwargs: Any) -> Any:
+        p = self.ctx.Process(target=target, args=args, kwargs=kwargs, daemon=True)
+        p.start()
+        self.procs.append(p)
+        return p
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+            p.join(10)

@@ -6,7 +6,6 @@ Then real processes: six racing over overlapping key sets with one killed mid-ch
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import threading
 import time
@@ -19,7 +18,7 @@ import pytest
 
 import proc_app
 from effects_many_procs import read_logs, send_many
-from fleet import proc_app_on, wait_for
+from fleet import Procs, proc_app_on, wait_for
 from justonce import (
     AT_LEAST_ONCE,
     AT_MOST_ONCE,
@@ -214,33 +213,6 @@ def test_bad_run_many_input_is_refused_before_anything_is_written(app: App, call
 # -- real processes ------------------------------------------------------------------------
 
 
-class Procs:
-    """Spawned processes, killed at the end whatever happens."""
-
-    def __init__(self) -> None:
-        self.ctx = multiprocessing.get_context("spawn")
-        self.procs: list[Any] = []
-
-    def start(self, *args: Any, **kwargs: Any) -> Any:
-        p = self.ctx.Process(target=send_many, args=args, kwargs=kwargs, daemon=True)
-        p.start()
-        self.procs.append(p)
-        return p
-
-    def kill_all(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-            p.join(10)
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    p = Procs()
-    try:
-        yield p
-    finally:
-        p.kill_all()
 
 
 def test_six_processes_racing_over_overlapping_keys_do_each_effect_at_most_once(
@@ -258,7 +230,7 @@ def test_six_processes_racing_over_overlapping_keys_do_each_effect_at_most_once(
         rng = random.Random(i)
         keys = rng.sample(range(3000), 1800)  # (a sample is shuffled)
         asked.append(set(keys))
-        procs.start(db_url, "race", keys, chunks[i], AT_MOST_ONCE, lease, str(tmp_path), start,
+        procs.start(send_many, db_url, "race", keys, chunks[i], AT_MOST_ONCE, lease, str(tmp_path), start,
                     results, 60 if i == 0 else 0, ready)
     for _ in range(6):  # all connected: a late spawn (a loaded machine) must not find its
         ready.get(timeout=120)  # keys done by the others and never reach its 60th effect
@@ -299,7 +271,7 @@ def test_kill_9_inside_fn_leaves_exactly_its_chunks_unmarked_keys_in_doubt(
     lease, chunk = 1.0, 50
     results = procs.ctx.Queue()
     (tmp_path / "victim").mkdir()
-    victim = procs.start(db_url, "kill", keys, chunk, policy, lease, str(tmp_path / "victim"),
+    victim = procs.start(send_many, db_url, "kill", keys, chunk, policy, lease, str(tmp_path / "victim"),
                          None, results, 130)
     victim.join(60)
     assert victim.exitcode is not None and victim.exitcode < 0

@@ -16,9 +16,8 @@ import pytest
 
 import proc_app
 from conftest import LONG
-from fleet import sqlite_write_lock_free, wait_for
+from fleet import Procs, sqlite_write_lock_free, wait_for
 from justonce import App
-from test_partition_processes import Procs, procs  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +57,7 @@ def stop_while_holding(pid: int, log: Path, url: str, tries: int = 400) -> None:
 
 
 def test_reservers_killed_and_stopped_complete_every_position_once(
-    db_url: str, procs: Procs, tmp_path: Path  # noqa: F811
+    db_url: str, procs: Procs, tmp_path: Path
 ) -> None:
     app = App(db_url, strict=False)
     app.migrate()

@@ -4,7 +4,6 @@ under 4 partitioned workers."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -13,13 +12,12 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import proc_app
 from conftest import LONG
-from fleet import HERE, Fleet, ledger, proc_app_on, stop_outside_a_write, wait_for
+from fleet import HERE, Fleet, Procs, ledger, proc_app_on, stop_outside_a_write, wait_for
 from justonce import App, BatchState, Enqueue
 
 pytestmark = pytest.mark.slow
@@ -42,35 +40,6 @@ def lease_log(url: str) -> list[tuple[int, int, int, str, float, float]]:
             "SELECT slot, token, pid, event, expires, at FROM lease_log ORDER BY id").fetchall()]
     finally:
         conn.close()
-
-
-class Procs:
-    """Spawned helper processes (proc_app functions), killed at the end whatever happens."""
-
-    def __init__(self) -> None:
-        self.ctx = multiprocessing.get_context("spawn")
-        self.procs: list[Any] = []
-
-    def start(self, target: Any, *args: Any) -> Any:
-        p = self.ctx.Process(target=target, args=args, daemon=True)
-        p.start()
-        self.procs.append(p)
-        return p
-
-    def kill_all(self) -> None:
-        for p in self.procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGKILL)
-            p.join(10)
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    p = Procs()
-    try:
-        yield p
-    finally:
-        p.kill_all()
 
 
 def assert_no_two_live_holders(log: list[tuple[int, int, int, str, float, float]]) -> None:

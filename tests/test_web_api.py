@@ -37,26 +37,6 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     _drop_schema(base, schema)
 
 
-@pytest.fixture(scope="module")
-def lib(server: Server) -> Iterator[App]:
-    """The library on the server's database, to set up and inspect state directly."""
-    a = App(server.db_url, strict=False)
-    yield a
-    a.close()
-
-
-@pytest.fixture(scope="module")
-def admin(server: Server) -> Iterator[httpx.Client]:
-    with server.client(server.admin) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def reader(server: Server) -> Iterator[httpx.Client]:
-    with server.client(server.reader) as c:
-        yield c
-
-
 def snapshot(lib: App) -> Any:
     """What a refused request must leave as it was."""
     return (sorted((c.queue, c.state.value, c.count) for c in lib.queue_counts()),

@@ -52,25 +52,6 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     _drop_schema(base, schema)
 
 
-@pytest.fixture(scope="module")
-def lib(server: Server) -> Iterator[App]:
-    a = App(server.db_url, strict=False)
-    yield a
-    a.close()
-
-
-@pytest.fixture(scope="module")
-def admin(server: Server) -> Iterator[httpx.Client]:
-    with server.client(server.admin) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def reader(server: Server) -> Iterator[httpx.Client]:
-    with server.client(server.reader) as c:
-        yield c
-
-
 def fresh(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
