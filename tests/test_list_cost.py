@@ -26,7 +26,7 @@ from justonce import App
 pytestmark = pytest.mark.slow
 
 SMALL = 10_000
-BIG = 10_000_000 if LONG else 300_000
+BIG = 10_000_000 if LONG else 100_000
 OPS = 200
 
 

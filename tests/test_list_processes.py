@@ -2,7 +2,7 @@
 with kill -9 midway and one stopped with SIGSTOP past its time to run and then continued.
 Every position is completed exactly once, the stopped process's late completion is
 refused, and the list's on_complete is enqueued once. (1,000,000 items with
-JUSTONCE_LONG_TESTS=1; 100,000 in the CI run.)"""
+JUSTONCE_LONG_TESTS=1; 50,000 in the CI run.)"""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from justonce import App
 
 pytestmark = pytest.mark.slow
 
-ITEMS = 1_000_000 if LONG else 100_000
+ITEMS = 1_000_000 if LONG else 50_000
 TTR = 2.0
 PAUSE = 0.01
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
 from webserver import serving
 
-EXAMPLES = int(os.environ.get("JUSTONCE_FUZZ_EXAMPLES", "10"))
+EXAMPLES = int(os.environ.get("JUSTONCE_FUZZ_EXAMPLES", "6"))
 ST = Path(sys.executable).with_name("st")
 
 
