@@ -25,7 +25,7 @@ def test_demo_push_with_a_killed_worker_sends_no_user_two_emails(db_url: str, tm
     env = dict(os.environ, COLUMNS="120")
     env.pop("JUSTONCE_DATABASE_URL", None)
     result = subprocess.run(
-        [sys.executable, "-m", "justonce", "demo", "push", "--users", "12000", "--workers", "4",
+        [sys.executable, "-m", "justonce", "demo", "push", "--users", "25000", "--workers", "4",
          "--kill-one", "--database-url", db_url],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = result.stdout + result.stderr
