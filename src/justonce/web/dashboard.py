@@ -414,19 +414,24 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
 
     snapshot_page("/batches", "/live/batches", "batches", "Batches", batches_ctx)
 
-    batch_cache: dict[int, tuple[float, Any, Any]] = {}
+    # A batch's or a list's page is read at most once per interval per process (like the
+    # snapshot), however many are open.
+    cache: dict[Any, tuple[float, Any]] = {}
+
+    def cached(key: Any, fn: Callable[[], Any]) -> Any:
+        hit = cache.get(key)
+        if hit is None or time.monotonic() - hit[0] >= snapshots.interval:
+            value = fn()
+            if len(cache) > 1000:
+                cache.clear()
+            hit = cache[key] = (time.monotonic(), value)
+        return hit[1]
 
     def batch_ctx(batch_id: str) -> dict[str, Any]:
-        # One look-up per batch per interval per process, like the snapshot.
         bid = _int(batch_id)
-        hit = batch_cache.get(bid)
-        if hit is None or time.monotonic() - hit[0] >= snapshots.interval:
-            info = app.batches.get(bid)
-            failures = app.backend.batch_failures(bid, 50)
-            if len(batch_cache) > 1000:
-                batch_cache.clear()
-            hit = batch_cache[bid] = (time.monotonic(), info, failures)
-        return {"b": hit[1], "failures": hit[2], "now": snapshots.get().now, "section": "/batches"}
+        info, failures = cached(("batch", bid), lambda: (app.batches.get(bid),
+                                                          app.backend.batch_failures(bid, 50)))
+        return {"b": info, "failures": failures, "now": snapshots.get().now, "section": "/batches"}
 
     @r.get("/batches/{batch_id}", response_class=HTMLResponse)
     def batch_page(batch_id: str, request: Request, viewer: Principal = Viewer) -> Response:
@@ -441,17 +446,7 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return render("_batch.html", request, viewer, **ctx)
 
     # Lists are read for the Lists pages only (not in the shared snapshot, which the
-    # overview pays for), at most once per interval per process however many are open.
-    cache: dict[Any, tuple[float, Any]] = {}
-
-    def cached(key: Any, fn: Callable[[], Any]) -> Any:
-        hit = cache.get(key)
-        if hit is None or time.monotonic() - hit[0] >= snapshots.interval:
-            value = fn()
-            if len(cache) > 1000:
-                cache.clear()
-            hit = cache[key] = (time.monotonic(), value)
-        return hit[1]
+    # overview pays for).
 
     def lists_ctx() -> dict[str, Any]:
         return {"lists": cached("lists", lambda: app.lists.list(LISTS_SHOWN)),
