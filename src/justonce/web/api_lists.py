@@ -147,9 +147,7 @@ def append(name: Name, request: Request, who: Admin,
     of them or (a bad item, a sealed list) none. The body is a JSON array, or JSON lines
     with ``Content-Type: application/x-ndjson``."""
     app = _app(request)
-    for x in items:
-        item_json(x)
-    n = app.lists.append(name, items)
+    n = app.lists.append(name, items)  # one chunk: every item is checked before it is stored
     audit(request, who, "list.append", f"list:{name}", n)
     return S.AppendOut(appended=n, total=app.lists.progress(name).total)
 
