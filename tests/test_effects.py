@@ -80,6 +80,37 @@ def test_an_operator_can_send_an_in_doubt_effect_back_to_be_redone(app: App) -> 
     assert app.effects.run("push:1", 6, lambda idem: "redone").ran
 
 
+def test_resolve_many_resolves_exactly_the_entries_in_doubt_and_names_them(app: App) -> None:
+    for k in (1, 2, 3, 4):
+        app.effects.claim("push:2", k, lease=0.05)          # their holders "die"
+    app.effects.claim("push:2", 5, lease=60)                # alive
+    app.effects.run("push:2", 6, lambda idem: "sent")       # done
+    time.sleep(0.1)
+    assert app.effects.resolve_many("push:2", [3, 1, 5, 6, 99, "1"], done=True, note="in the log") == ["1", "3"]
+    assert app.effects.resolve_many("push:2", range(1, 7), done=False) == ["2", "4"]
+    states = {k: app.effects.get("push:2", k).state for k in range(1, 7)}
+    assert states == {1: "done", 2: "pending", 3: "done", 4: "pending", 5: "running", 6: "done"}
+    assert app.effects.get("push:2", 1).last_error == "in the log"
+    assert app.effects.resolve_many("push:2", [5], done=True, force=True) == ["5"]
+    assert app.effects.run("push:2", 2, lambda idem: "redone").ran
+    assert app.effects.resolve_many("push:2", [], done=True) == []
+
+
+@pytest.mark.parametrize("call", [
+    lambda app: app.effects.resolve_many("s", "12", done=True),
+    lambda app: app.effects.resolve_many("s", [None], done=True),
+    lambda app: app.effects.resolve_many("", [1], done=True),
+    lambda app: app.effects.resolve_many("s", [1], done=True, note=7),
+    lambda app: app.effects.resolve_many("s", ["\x00"], done=True),
+])
+def test_bad_resolve_many_input_is_refused_before_anything_is_written(app: App, call: Any) -> None:
+    app.effects.claim("s", 1, lease=0.05)
+    time.sleep(0.1)
+    with pytest.raises((InvalidOption, InvalidName)):
+        call(app)
+    assert app.effects.get("s", 1).state == "in_doubt"
+
+
 def test_at_least_once_redoes_an_expired_claim_and_fences_the_late_holder(app: App) -> None:
     late = app.effects.claim("charge", 9, lease=0.1, policy=AT_LEAST_ONCE)
     time.sleep(0.2)

@@ -65,6 +65,33 @@ def test_run_many_does_each_claimable_key_once_and_counts_why_it_skipped_the_oth
     assert len(calls) == 7
 
 
+def test_held_names_the_keys_another_live_claim_had_so_a_caller_can_look_again(app: App) -> None:
+    app.effects.claim("push", 5, lease=60)
+    held = app.effects.claim("push", 6, lease=60)
+    out = app.effects.run_many("push", [4, 5, 6, 7], lambda idem: None)
+    assert sorted(out.held) == ["5", "6"] and out.skipped["running"] == 2 and out.done == 2
+    held.done()
+    again = app.effects.run_many("push", out.held, lambda idem: None)
+    assert again.held == ("5",) and again.skipped == {"done": 1, "running": 1, "in_doubt": 0}
+
+
+HOSTILE_KEYS = ['a"b', "c\\d", "e,f", "{g}", "NULL", "null", " h ", "i'j", "k\n", "é", "日本", "💥",
+                "(l)", "[m]", "%s", ":n", "$1"]
+
+
+def test_keys_with_quotes_backslashes_commas_braces_and_null_words_round_trip(app: App) -> None:
+    # The bulk statements send their key lists as one text (an array literal on Postgres, a
+    # JSON document elsewhere): every key must come back exactly as it was given.
+    seen: list[str] = []
+    out = app.effects.run_many("odd", HOSTILE_KEYS, lambda idem: seen.append(idem) or idem, chunk=5)
+    assert out.done == len(HOSTILE_KEYS) and sorted(seen) == sorted(f"odd:{k}" for k in HOSTILE_KEYS)
+    for key in HOSTILE_KEYS:
+        info = app.effects.get("odd", key)
+        assert (info.key, info.state, info.result) == (key, "done", f"odd:{key}")
+    again = app.effects.run_many("odd", HOSTILE_KEYS, lambda idem: seen.append(idem))
+    assert again.skipped["done"] == len(HOSTILE_KEYS) and again.done == 0
+
+
 def test_fn_raising_for_some_keys_releases_them_and_the_run_goes_on(app: App) -> None:
     def send(idem: str) -> str:
         if int(idem.rsplit(":", 1)[1]) % 3 == 0:

@@ -69,7 +69,10 @@ class EffectsOutcome:
     at most once), ``failed`` (``fn`` raised: the entry is released, claimable again; key →
     error) or ``overtaken`` (at least once: ``fn`` returned after its lease ran out and
     another claim redid the effect: it ran twice). ``redone`` counts the ``done`` keys
-    that were in doubt (at least once). ``str()`` is a one-line report."""
+    that were in doubt (at least once). ``held`` names the keys skipped as "running":
+    another claim had them, and ends done or (if its holder dies) in doubt, so a caller
+    that must see every key settled looks at these again later. ``str()`` is a one-line
+    report."""
 
     scope: str
     keys: int
@@ -82,6 +85,7 @@ class EffectsOutcome:
     failed: Mapping[str, str]
     overtaken: tuple[str, ...]
     seconds: float
+    held: tuple[str, ...] = ()
 
     @property
     def ran(self) -> int:
@@ -109,6 +113,7 @@ class _Tally:
     skipped: Counter[str] = field(default_factory=Counter)
     failed: dict[str, str] = field(default_factory=dict)
     overtaken: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
 
 
 class EffectClaim:
@@ -243,7 +248,7 @@ class Effects:
             redone=tally.redone,
             skipped={why: tally.skipped[why] for why in ("done", "running", "in_doubt")},
             failed=tally.failed, overtaken=tuple(tally.overtaken),
-            seconds=time.monotonic() - started)
+            seconds=time.monotonic() - started, held=tuple(tally.held))
 
     def _chunk(self, scope: str, keys: builtins.list[str], fn: Callable[[str], Any], policy: str,
                owner: str, lease: float, wait: float, conn: Any, tally: _Tally) -> None:
@@ -254,6 +259,8 @@ class Effects:
         for key, found, token in claims:
             if token is None:
                 tally.skipped[found] += 1
+                if found == "running":
+                    tally.held.append(key)
             else:
                 todo.append((key, token, found))
         done: builtins.list[tuple[str, int, str | None]] = []
@@ -315,6 +322,19 @@ class Effects:
                 f"effect {scope}:{key} is {info.state}: only entries in doubt can be resolved"
                 + (" (or pass force=True for a running one)" if info.state == "running" else ""))
         return self.get(scope, key)
+
+    def resolve_many(self, scope: str, keys: Iterable[Any], *, done: bool, note: str | None = None,
+                     force: bool = False) -> builtins.list[str]:
+        """:meth:`resolve` for many keys of one scope (after a crash left a chunk in doubt):
+        every key is checked first; returns the keys resolved, sorted. A key that was not
+        in doubt (not running, or, without ``force``, its lease still live) or that names
+        no entry is left as it is and is not in the answer. Keys are resolved in
+        transactions of a few thousand, each entry under its row lock."""
+        scope, ordered = _scope(scope), _many_keys(keys)
+        if note is not None:
+            note = validate.text(note, "note", 4000)
+        return self.app.backend.effect_resolve_many(scope, ordered, "done" if done else "pending",
+                                                    note, bool(force))
 
     def list(self, scope: str, state: str | None = None, limit: int = 1000) -> builtins.list[EffectInfo]:
         """The entries of a scope (``state``: pending, running or done), by key."""

@@ -266,6 +266,13 @@ class Backend(Protocol):
                        force: bool) -> bool:
         """An entry in doubt (or, with ``force``, running) → ``state`` (done / pending)."""
 
+    def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
+                            force: bool) -> list[str]:
+        """``effect_resolve`` for many distinct keys, locked in key order, in transactions
+        of up to a few thousand keys each (not atomic as a whole). Returns the keys
+        resolved; a key not in the answer was not in doubt (or not running, with ``force``)
+        or does not exist."""
+
     def effect_get(self, scope: str, key: str) -> EffectInfo | None: ...
 
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]: ...

@@ -179,6 +179,11 @@ class Dialect:
         """A JSON column as Python."""
         raise NotImplementedError
 
+    def array(self, values: Sequence[str | int | None]) -> Any:
+        """A list parameter of a hot statement, in the form the dialect sends fastest (by
+        default the list itself)."""
+        return list(values)
+
     def is_unique_violation(self, exc: BaseException) -> bool:
         raise NotImplementedError
 

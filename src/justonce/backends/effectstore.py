@@ -8,13 +8,15 @@ done now. The effect itself runs after that transaction (unless the caller passe
 connection); ``effect_done`` marks it done only if the token is still the claim's.
 
 In bulk (``effect_claim_many`` / ``effect_finish_many``) the same rules hold per key, a
-chunk at a time: one claim transaction ensures the chunk's entries, locks them in key order
-(the lock order of every bulk statement, so overlapping chunks wait instead of deadlocking)
-and takes the claimable ones; one finishing transaction marks done or releases them.
+chunk at a time: one claim transaction inserts the chunk's missing entries already claimed,
+locks the others in key order (the lock order of every bulk statement, so overlapping
+chunks wait instead of deadlocking) and takes the claimable ones; one finishing transaction
+marks done or releases them.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -25,6 +27,7 @@ from .dialect import Dialect
 T = TypeVar("T")
 AT_MOST_ONCE = "at_most_once"
 AT_LEAST_ONCE = "at_least_once"
+RESOLVE_CHUNK = 5000
 
 
 class EffectOps:
@@ -66,13 +69,17 @@ class EffectOps:
         claim found, the new token or None) for every key, in key order. An entry of
         another policy refuses the whole chunk (InvalidOption, nothing claimed)."""
         ordered = sorted(keys)
-        params = {"scope": scope, "keys": ordered, "policy": policy, "owner": owner,
+        params = {"scope": scope, "keys": self.d.array(ordered), "policy": policy, "owner": owner,
                   "lease": lease}
 
         def run(c: Any) -> list[tuple[str, str, int | None]]:
-            self.d.many(c, "effect_ensure_many", [params])
-            found: dict[str, str] = {}
-            for key, state, stored, token, expired in self.d.rows(c, "effect_lock_many", params):
+            # New keys are inserted claimed; the rest are locked, checked and taken.
+            tokens = {k: int(t) for k, t in self.d.rows(c, "effect_claim_new_many", params)}
+            found = dict.fromkeys(tokens, "new")
+            existing = [k for k in ordered if k not in tokens]
+            rows = (self.d.rows(c, "effect_lock_many", {**params, "keys": self.d.array(existing)})
+                    if existing else [])
+            for key, state, stored, token, expired in rows:
                 if stored != policy:
                     raise InvalidOption(
                         f"effect {scope}:{key} is {stored}, not {policy}: one effect has one "
@@ -84,12 +91,11 @@ class EffectOps:
                     found[key] = "in_doubt"
                 else:
                     found[key] = "new" if int(token) == 0 else "pending"
-            take = [k for k, f in found.items()
-                    if f in ("new", "pending") or (f == "in_doubt" and policy == AT_LEAST_ONCE)]
-            tokens: dict[str, int] = {}
+            take = [k for k in existing if found.get(k) in ("new", "pending")
+                    or (found.get(k) == "in_doubt" and policy == AT_LEAST_ONCE)]
             if take:
-                tokens = {k: int(t) for k, t in
-                          self.d.rows(c, "effect_take_many", {**params, "keys": sorted(take)})}
+                tokens.update((k, int(t)) for k, t in
+                              self.d.rows(c, "effect_take_many", {**params, "keys": self.d.array(take)}))
             # A key the lock did not return is done (the lock leaves done entries out).
             return [(k, found.get(k, "done"), tokens.get(k)) for k in ordered]
 
@@ -104,8 +110,9 @@ class EffectOps:
         rows = sorted([(k, t, r, None) for k, t, r in done] + [(k, t, None, e) for k, t, e in failed])
         if not rows:
             return set(), set()
-        params = {"scope": scope, "keys": [r[0] for r in rows], "tokens": [r[1] for r in rows],
-                  "results": [r[2] for r in rows], "errors": [r[3] for r in rows]}
+        # One JSON list of rows (key, token, result, error): one text to send on every
+        # dialect, read by the statement as one table.
+        params = {"scope": scope, "rows": json.dumps(rows, separators=(",", ":"))}
         out = self.d.tx(conn, lambda c: self.d.rows(c, "effect_finish_many", params))
         return ({k for k, state in out if state == "done"},
                 {k for k, state in out if state == "pending"})
@@ -124,6 +131,19 @@ class EffectOps:
                        force: bool) -> bool:
         params = {"scope": scope, "key": key, "state": state, "note": note, "force": force}
         return bool(self.d.tx(None, lambda c: self.d.rows(c, "effect_resolve", params)))
+
+    def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
+                            force: bool) -> list[str]:
+        ordered, out = sorted(keys), []
+        for at in range(0, len(ordered), RESOLVE_CHUNK):
+            params = {"scope": scope, "keys": self.d.array(ordered[at:at + RESOLVE_CHUNK]),
+                      "state": state, "note": note, "force": force}
+
+            def run(c: Any, p: dict[str, Any] = params) -> list[Any]:
+                return self.d.rows(c, "effect_resolve_many", p)
+
+            out += [str(r[0]) for r in self.d.tx(None, run)]
+        return sorted(out)
 
     def effect_get(self, scope: str, key: str) -> EffectInfo | None:
         rows = self.d.read("effect_get", {"scope": scope, "key": key})

@@ -433,6 +433,10 @@ class Store:
                        force: bool) -> bool:
         return self.effects.effect_resolve(scope, key, state, note, force)
 
+    def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
+                            force: bool) -> list[str]:
+        return self.effects.effect_resolve_many(scope, keys, state, note, force)
+
     def effect_get(self, scope: str, key: str) -> EffectInfo | None:
         return self.effects.effect_get(scope, key)
 

@@ -356,6 +356,20 @@ class PostgresDialect(Dialect):
         c.execute("RELEASE SAVEPOINT justonce_lock")  # the row lock stays with the transaction
         return found
 
+    def array(self, values: Sequence[str | int | None]) -> Any:
+        """An array literal (``{"a",NULL,7}``) for a ``%(x)s::text[]`` / ``::bigint[]``
+        parameter: psycopg dumps a Python list element by element in Python, which took a
+        fifth of a Push sender's GIL time; one string is dumped at once."""
+        parts = []
+        for v in values:
+            if v is None:
+                parts.append("NULL")
+            elif isinstance(v, int):
+                parts.append(str(v))
+            else:
+                parts.append('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        return "{" + ",".join(parts) + "}"
+
     def json(self, value: Any) -> Any:
         return value  # psycopg decodes jsonb itself
 
