@@ -613,3 +613,25 @@ def test_worker_partition_options_are_checked(app: App) -> None:
         with pytest.raises(Exception) as info:
             Worker(app, **bad)
         assert "JUSTONCE_PARTITIONS" in str(info.value) or isinstance(info.value, (InvalidOption, InvalidName))
+
+
+def test_a_scan_passes_its_kwargs_to_every_slot_job_beside_the_predicate(app: App) -> None:
+    @app.task(name="scan_with_kwargs")
+    def scan_slot(predicate: str, slot: int, n: int, push_id: int, phase: str) -> None: ...
+
+    batch = app.partitions.scan(scan_slot, column="u.id", n=3, queue="scans",
+                                kwargs={"push_id": 7, "phase": "rest"})
+    jobs = sorted(app.list_jobs(queue="scans"), key=lambda j: j.kwargs["slot"])
+    assert [j.kwargs["slot"] for j in jobs] == [0, 1, 2] and batch.info().total == 3
+    for job in jobs:
+        assert job.kwargs["push_id"] == 7 and job.kwargs["phase"] == "rest" and job.kwargs["n"] == 3
+        assert job.kwargs["predicate"] == app.partitions.predicate("u.id", 3, job.kwargs["slot"])
+
+
+@pytest.mark.parametrize("kwargs", [{"slot": 1}, {"predicate": "1=1"}, {"n": 2}, [("a", 1)], {1: "x"}, "k=v"])
+def test_a_scan_refuses_kwargs_that_are_no_mapping_of_names_or_clash_with_its_own(
+        app: App, kwargs: Any) -> None:
+    before = app.list_jobs(limit=10000)
+    with pytest.raises(InvalidOption):
+        app.partitions.scan("anything", column="id", n=2, kwargs=kwargs)
+    assert app.list_jobs(limit=10000) == before

@@ -21,6 +21,7 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -321,17 +322,24 @@ class Partitions:
     def scan(self, task: str | Task, *, column: str, n: int | None = None,
              key_type: str = "int", dialect: str | None = None, description: str | None = None,
              on_complete: Callback | None = None, on_success: Callback | None = None,
-             **options: Any) -> Batch:
+             kwargs: Mapping[str, Any] | None = None, **options: Any) -> Batch:
         """Fan a query over your table out into ``n`` jobs of ``task``, one per slot, tracked
         as a sealed batch (its ``on_complete`` runs once when every slot's job is done).
 
         Job ``k`` is called with the keyword arguments ``predicate`` (the SQL condition of
         slot ``k`` over ``column``), ``slot`` and ``n``: run your query with
-        ``WHERE <predicate>``. A job that dies is retried like any job, so make its writes
-        idempotent (the effect ledger, or a unique key in your own table)."""
+        ``WHERE <predicate>``; ``kwargs`` adds the same keyword arguments to every slot's job
+        (which of your things to scan, say). A job that dies is retried like any job, so
+        make its writes idempotent (the effect ledger, or a unique key in your own table)."""
         n = n_from_env(n)
         dialect = dialect or self.app.backend.name
-        calls = [{"predicate": self.predicate(column, n, k, key_type=key_type, dialect=dialect),
+        if not isinstance(kwargs, Mapping | None) or any(not isinstance(k, str) for k in kwargs or {}):
+            raise InvalidOption("kwargs must be a mapping of keyword argument names to values")
+        extra = dict(kwargs or {})
+        clash = sorted(extra.keys() & {"predicate", "slot", "n"})
+        if clash:
+            raise InvalidOption(f"kwargs must not name {clash}: the scan passes those itself")
+        calls = [{**extra, "predicate": self.predicate(column, n, k, key_type=key_type, dialect=dialect),
                   "slot": k, "n": n} for k in range(n)]
         batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
                                       on_complete=on_complete, on_success=on_success)
