@@ -184,6 +184,13 @@ def test_effects_in_doubt_and_resolve(db_url: str) -> None:
         assert "done" in run("effects", "resolve", "push:9", "77", "--done", *url).output
         bad = run("effects", "resolve", "push:9", "77", "--redo", *url, ok=False)
         assert bad.exit_code != 0 and "InvalidTransition" in bad.output
+        for k in (1, 2, 3):
+            app.effects.claim("push:9", k, lease=0.05)
+        time.sleep(0.1)
+        many = run("effects", "resolve", "push:9", "1", "2", "3", "--redo", *url)
+        assert "resolved 3 of 3" in many.output
+        some = run("effects", "resolve", "push:9", "1", "77", "404", "--done", *url, ok=False)
+        assert some.exit_code == 1 and "resolved 0 of 3" in some.output and "1, 404, 77" in some.output
     finally:
         app.close()
 

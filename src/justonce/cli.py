@@ -392,19 +392,30 @@ def effects_in_doubt(scope: str | None, limit: int, database_url: str | None) ->
 
 @effects.command("resolve")
 @click.argument("scope")
-@click.argument("key")
+@click.argument("keys", metavar="KEY...", nargs=-1, required=True)
 @click.option("--done", "verdict", flag_value="done", help="It happened: never redo it.")
 @click.option("--redo", "verdict", flag_value="redo", help="It did not happen: claimable again.")
 @click.option("--note", default=None, help="Why (kept as the entry's last error).")
 @click.option("--force", is_flag=True, help="Also resolve an entry whose lease is still live.")
 @database_option
-def effects_resolve(scope: str, key: str, verdict: str | None, note: str | None, force: bool,
+def effects_resolve(scope: str, keys: tuple[str, ...], verdict: str | None, note: str | None, force: bool,
                     database_url: str | None) -> None:
-    """Resolve an effect in doubt: --done or --redo."""
+    """Resolve effects in doubt: --done or --redo. With several keys, those not in doubt
+    are named and left as they are (exit status 1)."""
     if verdict is None:
         raise click.UsageError("say --done or --redo")
-    e = App(database_url).effects.resolve(scope, key, done=verdict == "done", note=note, force=force)
-    out.print(f"effect {e.scope}:{e.key} {e.state}")
+    effects = App(database_url).effects
+    if len(keys) == 1:
+        e = effects.resolve(scope, keys[0], done=verdict == "done", note=note, force=force)
+        out.print(f"effect {e.scope}:{e.key} {e.state}")
+        return
+    resolved = effects.resolve_many(scope, keys, done=verdict == "done", note=note, force=force)
+    left = sorted(set(keys) - set(resolved))
+    out.print(f"resolved {len(resolved)} of {len(set(keys))} effects of {scope} "
+              f"({'done' if verdict == 'done' else 'claimable again'})")
+    if left:
+        out.print(f"not in doubt, left as they are: {', '.join(left[:20])}" + (" …" if len(left) > 20 else ""))
+        sys.exit(1)
 
 
 @cli.group()
@@ -428,22 +439,35 @@ def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | Non
 @demo.command("push")
 @click.option("--users", default=200_000, show_default=True, type=click.IntRange(1000, 10_000_000))
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64),
-              help="Worker processes (one slot of MOD(user_id, N) each), plus one standby.")
-@click.option("--kill-one", is_flag=True, help="kill -9 a worker midway.")
+              help="Worker processes; each phase is one job per slot of MOD(user_id, N), N = workers.")
+@click.option("--senders", default=4, show_default=True, type=click.IntRange(1, 64),
+              help="Sender threads per worker, one SMTP connection each.")
+@click.option("--per-user-jobs", is_flag=True,
+              help="One job per user (a claim, a done mark and a look-up per email), to compare.")
+@click.option("--kill-one", is_flag=True, help="kill -9 a sending worker midway.")
+@click.option("--redo", is_flag=True,
+              help="After the run, resolve the entries in doubt by the demo server's log (done if it "
+                   "has the message, redo if not) and send the redo ones once.")
 @click.option("--smtp", default=None, metavar="HOST:PORT",
-              help="Send to your SMTP server (a mail catcher) instead of the demo's own.")
+              help="Send to your SMTP server (a mail catcher, smtp-sink) instead of the demo's own.")
 @click.option("--seed", default=7, show_default=True, type=int, help="Seed of the users and samples.")
 @database_option
-def demo_push(users: int, workers: int, kill_one: bool, smtp: str | None, seed: int,
-              database_url: str | None) -> None:
+def demo_push(users: int, workers: int, senders: int, per_user_jobs: bool, kill_one: bool, redo: bool,
+              smtp: str | None, seed: int, database_url: str | None) -> None:
     """Send a Push to a list with A/B and "rest" phases racing: at most one email per user."""
-    from .demo.push import run_push_demo
+    from .demo.push import Options, run_push_demo
 
     if smtp is not None:
         host, sep, port = smtp.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise click.BadParameter("expected HOST:PORT", param_hint="--smtp")
-    ok = run_push_demo(database_url, users, workers, kill_one, smtp, seed, out)
+        if redo:
+            raise click.UsageError("--redo needs the demo's own SMTP server: its log tells which emails in "
+                                   "doubt were delivered (with your server, check its log and use "
+                                   "`justonce effects resolve`)")
+    opts = Options(users=users, workers=workers, senders=senders, kill_one=kill_one, smtp=smtp, seed=seed,
+                   per_user_jobs=per_user_jobs, redo=redo)
+    ok = run_push_demo(database_url, opts, out)
     sys.exit(0 if ok else 1)
 
 

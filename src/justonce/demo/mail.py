@@ -1,0 +1,182 @@
+"""Mail for ``justonce demo push``: a Push email as bytes, one SMTP connection per thread,
+the demo's own SMTP server (which counts what it receives), and the plain senders' ceiling.
+
+The ceiling is what the same mail server takes from the same number of plain ``smtplib``
+senders (one connection each, a message rendered once, no database at all), measured for a
+few seconds at the start of a run: the Push's rate is reported as a share of it, so the
+report says how much of the mail server's speed the bookkeeping costs.
+"""
+
+from __future__ import annotations
+
+import os
+import smtplib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from email.parser import BytesHeaderParser
+from typing import Any
+
+SMTP_ENV = "JUSTONCE_DEMO_SMTP"
+SENDER = "pushes@justonce.example"
+
+
+def render(push_id: int, to: str, variant: str, phase: str, content: dict[str, str],
+           idempotency_key: str) -> bytes:
+    """One Push email. The Message-ID is the effect's idempotency key, so a mail server
+    (or an operator reading its log) can tell a resend from a new message."""
+    return (f"From: {SENDER}\r\nTo: {to}\r\nSubject: {content['subject']}\r\n"
+            f"Message-ID: <{idempotency_key}@justonce.example>\r\n"
+            f"X-Justonce-Push: {push_id}\r\nX-Justonce-Variant: {variant}\r\n"
+            f"X-Justonce-Phase: {phase}\r\nMIME-Version: 1.0\r\n"
+            f"Content-Type: text/plain; charset=utf-8\r\n\r\n{content['body']}\r\n").encode()
+
+
+def smtp_address() -> tuple[str, int]:
+    host, _, port = os.environ.get(SMTP_ENV, "127.0.0.1:8025").rpartition(":")
+    return host, int(port)
+
+
+class ThreadSMTP:
+    """One SMTP connection per thread, opened on first use and kept."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _conn(self) -> smtplib.SMTP:
+        conn = getattr(self._local, "smtp", None)
+        if conn is None:
+            host, port = smtp_address()
+            conn = self._local.smtp = smtplib.SMTP(host, port, timeout=30)
+        return conn
+
+    def send(self, to: str, message: bytes) -> None:
+        """Send on this thread's connection. Only a connection found closed before sending
+        is retried (on a fresh one): a failure later in the exchange may come after the
+        server took the message, and is left to the effect ledger (the send fails)."""
+        try:
+            self._conn().sendmail(SENDER, [to], message)
+        except smtplib.SMTPServerDisconnected:
+            self._local.smtp = None
+            self._conn().sendmail(SENDER, [to], message)
+        except OSError:
+            self._local.smtp = None
+            raise
+
+
+# -- the demo's own SMTP server ------------------------------------------------------------------
+
+
+class Recorder:
+    """An aiosmtpd handler that counts what it receives, per Push: messages per recipient,
+    per (variant, phase), and the Message-IDs (the idempotency keys) it accepted."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.per_recipient: dict[str, Counter[str]] = {}
+        self.per_variant: dict[str, Counter[tuple[str, str]]] = {}
+        self.message_ids: dict[str, set[str]] = {}
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        headers = BytesHeaderParser().parsebytes(envelope.content)
+        push = headers.get("X-Justonce-Push", "?")
+        with self.lock:
+            rcpts = self.per_recipient.setdefault(push, Counter())
+            for rcpt in envelope.rcpt_tos:
+                rcpts[rcpt] += 1
+            self.per_variant.setdefault(push, Counter())[
+                (headers.get("X-Justonce-Variant", "?"), headers.get("X-Justonce-Phase", "?"))] += 1
+            self.message_ids.setdefault(push, set()).add(
+                str(headers.get("Message-ID", "")).strip("<>").rpartition("@")[0])
+        return "250 OK"
+
+    def received(self, push: str) -> int:
+        """How many messages of this Push the server has accepted so far."""
+        with self.lock:
+            return sum(self.per_recipient.get(push, Counter()).values())
+
+    def delivered(self, push: str, idempotency_key: str) -> bool:
+        """Whether the server accepted the message of this idempotency key (its log)."""
+        with self.lock:
+            return idempotency_key in self.message_ids.get(push, ())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_smtp() -> tuple[Any, Recorder, str]:
+    """The demo's own SMTP server on a free loopback port: (controller, recorder, address)."""
+    from aiosmtpd.controller import Controller
+
+    port = free_port()
+    recorder = Recorder()
+    controller = Controller(recorder, hostname="127.0.0.1", port=port)
+    controller.start()
+    return controller, recorder, f"127.0.0.1:{port}"
+
+
+# -- the plain senders' ceiling ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    senders: int
+    messages: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+
+def measure_ceiling(address: str, processes: int, threads: int, seconds: float = 3.0) -> Ceiling:
+    """``processes`` × ``threads`` plain smtplib senders, one connection each, sending one
+    rendered message in a loop for ``seconds`` to ``address`` (its ``X-Justonce-Push`` is
+    "ceiling", so the demo's server keeps them apart from the Push)."""
+    start_at = time.time() + 1.0 + 0.1 * processes  # every process connected before the clock starts
+    cmd = [sys.executable, "-m", "justonce.demo.mail", address, str(threads), str(seconds), repr(start_at)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    sent = 0
+    for p in procs:
+        out, _ = p.communicate(timeout=60 + seconds)
+        sent += int(out.strip() or 0)
+    return Ceiling(processes * threads, sent, seconds)
+
+
+def _plain_sender(address: str, threads: int, seconds: float, start_at: float) -> int:
+    host, _, port = address.rpartition(":")
+    conns = [smtplib.SMTP(host, int(port), timeout=30) for _ in range(threads)]
+    counts = [0] * threads
+    content = {"subject": "ceiling", "body": "How fast the mail server takes plain sends."}
+
+    def loop(i: int) -> None:
+        message = render(0, f"ceiling{i}@example.test", "-", "ceiling", content, "ceiling")
+        message = message.replace(b"X-Justonce-Push: 0", b"X-Justonce-Push: ceiling")
+        time.sleep(max(0.0, start_at - time.time()))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            conns[i].sendmail(SENDER, [f"ceiling{i}@example.test"], message)
+            counts[i] += 1
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for c in conns:
+        try:
+            c.quit()
+        except (OSError, smtplib.SMTPException):
+            pass
+    return sum(counts)
+
+
+if __name__ == "__main__":
+    print(_plain_sender(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])))
