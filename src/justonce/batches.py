@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from . import failpoints, validate
 from .backends.batchstore import callback_spec
 from .errors import BatchNotFound, InvalidOption
 from .items import MAX_GROUP_ITEMS, ItemGroup, parse_item_ids
@@ -131,12 +131,14 @@ class Batches:
         """No more items: from now on the last ack completes the batch; when nothing is
         pending (or the batch is empty) the seal itself completes it. Sealing again is
         harmless (``already_sealed``)."""
+        failpoints.hit("batch.before_seal")
         return self.app.backend.batch_seal(validate.batch_id(batch_id), conn=conn)
 
     def ack(self, item_ids: str | Iterable[str], conn: Any = None) -> AckResult:
         """Ack one item id or many, atomically. Acking an item again changes nothing and
         is reported in ``already``; an id that names no item fails the whole call."""
         refs = parse_item_ids(item_ids, MAX_ACK_IDS)
+        failpoints.hit("batch.before_ack")
         return self.app.backend.batch_resolve(refs, None, conn=conn)
 
     def fail(self, item_ids: str | Iterable[str], reason: str, conn: Any = None) -> AckResult:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from . import failpoints, validate
 from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
 from .errors import EffectNotFound, InvalidOption, InvalidTransition
 from .events import Event, emit
@@ -170,6 +170,7 @@ class Effects:
             raise InvalidOption(f"policy must be one of {POLICIES}, not {policy!r}")
         lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
         wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
+        failpoints.hit("effect.before_claim")
         found, token = self.app.backend.effect_claim(
             scope, key, policy, owner or _owner(), lease_s, wait, conn=conn)
         return EffectClaim(self, scope, key, found, token, conn)
@@ -195,6 +196,7 @@ class Effects:
                 emit(Event.EFFECT_RELEASE_ERROR, "could not release an effect after its failure",
                      exc_info=True)
             raise
+        failpoints.hit("effect.after_fn")
         if not claim.done(result):
             # At least once: the lease ran out while fn ran, and another claim redid it.
             return EffectOutcome(True, "overtaken", claim.idempotency_key, result)
@@ -253,6 +255,7 @@ class Effects:
     def _chunk(self, scope: str, keys: builtins.list[str], fn: Callable[[str], Any], policy: str,
                owner: str, lease: float, wait: float, conn: Any, tally: _Tally) -> None:
         backend = self.app.backend
+        failpoints.hit("effect.before_claim")
         claims = backend.effect_claim_many(scope, keys, policy, owner, lease, wait, conn=conn)
         tally.chunks += 1
         todo = []
@@ -275,6 +278,8 @@ class Effects:
                     tally.failed[key] = error
                     continue
                 done.append((key, token, validate.result_json(result)[0]))
+                if failpoints.ACTIVE:
+                    failpoints.hit("effect.after_fn")
         except BaseException as exc:
             # KeyboardInterrupt, SystemExit: keep what returned, give the rest back, stop.
             ended = {k for k, _, _ in done} | {k for k, _, _ in failed}
@@ -287,6 +292,7 @@ class Effects:
                      "an interruption", exc_info=True)
             raise
         marked, _ = backend.effect_finish_many(scope, done, failed, conn=conn)
+        failpoints.hit("effect.after_chunk")
         found_by_key = {k: f for k, _, f in todo}
         tally.done += len(marked)
         tally.redone += sum(1 for k in marked if found_by_key[k] == "in_doubt")

@@ -131,6 +131,9 @@ class Event(StrEnum):
                        "The worker's metrics are served (host, port, path).")
     METRICS_READ_ERROR = ("metrics.read_error", WARNING, "justonce.metrics",
                           "A /metrics read of the database failed; justonce_database_up is 0.")
+    # -- fault tests (justonce.failpoints) ----------------------------------------------
+    FAILPOINT_HIT = ("failpoint.hit", WARNING, "justonce.failpoints",
+                     "A failpoint set by JUSTONCE_FAILPOINTS acts now (point, action).")
     # -- this module --------------------------------------------------------------------
     SUBSCRIBER_ERROR = ("events.subscriber_error", ERROR, "justonce.events",
                         "An event subscriber raised (logged once per subscriber and error type).")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from . import failpoints, validate
 from .errors import (
     InvalidArguments,
     InvalidName,
@@ -167,6 +167,7 @@ class Lists:
                 texts = [item_json(x) for x in chunk]
                 backend.append(name, texts, MAX_ITEMS)
                 n += len(texts)
+                failpoints.hit("list.after_append_chunk")
         except Exception as exc:
             if n:
                 exc.add_note(f"list {name!r} keeps the {n} items appended before this error "
@@ -225,6 +226,7 @@ class Lists:
         does not hold raise :class:`~justonce.errors.PositionNotReserved`, a stale token
         :class:`~justonce.errors.StaleReservation`; either way nothing changes."""
         name, row_id, secret = self._target(target, token)
+        failpoints.hit("list.before_complete")
         return self.app.backend.lists.complete(name, row_id, secret, _positions(positions))
 
     def touch(self, target: Target, token: str | None = None, *,

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import validate
+from . import failpoints, validate
 from .errors import (
     ConfigurationError,
     InvalidOption,
@@ -192,6 +192,7 @@ class PartitionLease:
         another holder has the slot: an expired token is spent even if nobody took the
         slot yet, so acquire it anew."""
         started = time.monotonic()
+        failpoints.hit("partition.before_renew")
         expires = self.backend.lease_renew(self.set_name, self.slot, self.token, self.lease)
         if expires is None:
             self.lost = True
@@ -278,7 +279,9 @@ class Partitions:
         if got is None:
             return None
         slot, token, expires_at = got
-        emit(Event.PARTITION_ACQUIRED, "partition acquired", set=name, slot=slot, n=n, token=token)
+        emit(Event.PARTITION_ACQUIRED, "partition acquired", set=name, slot=slot, n=n, token=token,
+             until=expires_at.timestamp())
+        failpoints.hit("partition.after_acquire")
         return PartitionLease(self, name, n, slot, token, who, lease, expires_at, started)
 
     def acquire(self, set_name: str, n: int | None = None, *, lease: float = 30.0,

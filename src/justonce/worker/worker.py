@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import validate
+from .. import failpoints, validate
 from ..errors import InvalidOption, JustonceError, PartitionConflict
 from ..events import Event, emit, wanted
 from ..models import ClaimedJob, Completion, Failure
@@ -431,11 +431,17 @@ class Worker:
                  exc_info=not isinstance(exc, JustonceError))
             self._stop_requested.wait(min(self.poll, 1.0))
             return []
+        if failpoints.ACTIVE:
+            if done:
+                failpoints.hit("ack.after_commit")
+            if jobs:
+                failpoints.hit("job.after_claim")
         self._settle(done, accepted)
         if jobs and wanted(Event.JOB_CLAIMED, log):
             for job in jobs:
                 emit(Event.JOB_CLAIMED, "job claimed", job_id=job.id, task=job.task,
-                     queue=job.queue, attempt=job.attempts, queue_wait=job.queue_wait)
+                     queue=job.queue, attempt=job.attempts, token=job.lease_token,
+                     queue_wait=job.queue_wait)
         if not jobs and not self._stop_requested.is_set():
             self._waiter.wait(self.poll)
         return jobs
@@ -445,11 +451,17 @@ class Worker:
             with self._lock:
                 h.future = fut
 
+        if failpoints.ACTIVE:
+            failpoints.hit("job.before_start")
+        if not self._still_startable(h):
+            return
         try:
             outcome = self.executor.run(h.job, on_future)
         finally:
             with self._lock:
                 self._out_of_code(h)
+        if failpoints.ACTIVE:
+            failpoints.hit("job.after_run")
         self.producer.observe(outcome.duration)
         with self._lock:
             if not (h.slot is not None and h.slot.abandoned):
@@ -477,6 +489,28 @@ class Worker:
             return
         assert outcome.failure is not None
         self._record_failure(h.job, outcome.failure, outcome.kind, outcome.duration)
+
+    def _still_startable(self, h: _Held) -> bool:
+        """Decide again, at the last instant before the job's code runs, whether it may
+        start. The slot chose it under the lock, but then may have waited: on a stale job's
+        release (a write that waits for SQLite's lock), or for the whole of a pause (the
+        process was stopped there). Meanwhile the lease or the key's slot may have moved on.
+        A job that may no longer start is given back unstarted, its attempt refunded."""
+        with self._lock:
+            if not h.lost and self._startable(h, time.monotonic()):
+                return True
+            give_back = not h.lost  # else its lease is gone already (renewal, shutdown)
+            h.lost = True
+            if self._held.get(h.job.id) is h:
+                del self._held[h.job.id]
+            if not (h.slot is not None and h.slot.abandoned):
+                self._running -= 1
+            self._out_of_code(h)
+            if self._stopping:
+                self._cond.notify_all()
+        if give_back:
+            self._drop_stale([h])
+        return False
 
     def _out_of_code(self, h: _Held) -> None:
         """Called with the lock held when a job's code has returned (or raised)."""
@@ -516,16 +550,17 @@ class Worker:
                          "expire and the job will be re-offered", job_id=job.id, error=str(exc))
                     return
                 time.sleep(0.2 * (attempt + 1))
+        failpoints.hit("fail.after_commit")
         if state is None:
             self.stats.rejected += 1
             emit(Event.JOB_REJECTED, "late write rejected: lease lost", job_id=job.id,
-                 task=job.task, queue=job.queue, outcome=kind)
+                 task=job.task, queue=job.queue, outcome=kind, token=job.lease_token)
             return
         self.stats.failed += 1
         event = _FAILURE_EVENTS.get(kind, Event.JOB_FAILED)
         if wanted(event, log):
             emit(event, f"job {kind}", job_id=job.id, task=job.task, queue=job.queue,
-                 attempt=job.attempts, state=state.value,
+                 attempt=job.attempts, token=job.lease_token, state=state.value,
                  retry_in=None if failure.retry_in is None else round(failure.retry_in, 3),
                  duration_ms=round(duration * 1000, 3),
                  error=failure.error.splitlines()[-1][:200] if failure.error else None)
@@ -556,6 +591,7 @@ class Worker:
         if not batch:
             return True
         try:
+            failpoints.hit("ack.before_write")
             accepted = self.backend.job_complete_many(batch)
         except Exception as exc:
             self._return_acks(batch)
@@ -563,6 +599,7 @@ class Worker:
                  pending=len(batch), exc_info=not isinstance(exc, JustonceError))
             self._closed.wait(0.5)
             return False
+        failpoints.hit("ack.after_commit")
         self._settle(batch, accepted)
         return True
 
@@ -587,13 +624,13 @@ class Worker:
                 self.stats.succeeded += 1
                 if info and h is not None:
                     emit(Event.JOB_SUCCEEDED, "job succeeded", job_id=c.id, task=h.job.task,
-                         queue=h.job.queue, attempt=h.job.attempts,
+                         queue=h.job.queue, attempt=h.job.attempts, token=c.lease_token,
                          duration_ms=round(h.duration * 1000, 3), note=c.note)
             else:
                 self.stats.rejected += 1
                 emit(Event.JOB_REJECTED, "late completion rejected: lease lost", job_id=c.id,
                      task=h.job.task if h else None, queue=h.job.queue if h else None,
-                     outcome="succeeded")
+                     outcome="succeeded", token=c.lease_token)
 
     # -- supervisor: leases and timeouts -----------------------------------------------
     def _supervise_loop(self) -> None:
@@ -686,6 +723,7 @@ class Worker:
             return
         sent = time.monotonic()
         try:
+            failpoints.hit("heartbeat.before_write")
             with self._batch_write:
                 renewed = self.backend.job_heartbeat(pairs, self.lease)
         except Exception as exc:

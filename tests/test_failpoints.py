@@ -1,0 +1,142 @@
+"""Failpoints (JUSTONCE_FAILPOINTS): the setting is checked, each action does what it says,
+and a worker frozen at a failpoint past its job's lease starts nothing when it wakes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet import fleet_on, ledger, proc_app_on, wait_for
+from justonce import failpoints
+from justonce.errors import InvalidOption
+from justonce.failpoints import FailpointError
+
+
+@pytest.fixture(autouse=True)
+def _none_left() -> object:
+    yield
+    failpoints.configure(None)
+
+
+def test_a_spec_is_parsed_with_counts_and_chances() -> None:
+    points = failpoints.parse("job.before_start=3*25%sleep(10); effect.after_fn=raise;"
+                              "ack.after_commit=kill;batch.before_seal=off")
+    assert {k: (str(v), v.chance, v.left) for k, v in points.items()} == {
+        "job.before_start": ("sleep(10)", 0.25, 3), "effect.after_fn": ("raise", 1.0, None),
+        "ack.after_commit": ("kill", 1.0, None), "batch.before_seal": ("off", 1.0, None)}
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("job.bogus=kill", "no failpoint 'job.bogus'"),
+    ("job.before_start", "is not point=action"),
+    ("job.before_start=explode", "is not kill, raise, off or sleep(ms)"),
+    ("job.before_start=sleep(-1)", "is not kill, raise, off or sleep(ms)"),
+    ("job.before_start=sleep(1.5)", "is not kill, raise, off or sleep(ms)"),
+    ("job.before_start=150%kill", "not in [0, 100]"),
+    ("job.before_start=\x00kill", "is not kill"),
+])
+def test_a_bad_spec_is_refused_with_what_is_wrong(spec: str, says: str) -> None:
+    with pytest.raises(InvalidOption, match=None) as err:
+        failpoints.configure(spec)
+    assert says in str(err.value)
+    assert failpoints.ACTIVE is False or failpoints._points == {}
+
+
+def test_a_bad_setting_stops_the_process_at_import_with_the_message() -> None:
+    env = dict(os.environ, JUSTONCE_FAILPOINTS="effect.after_fun=kill")
+    out = subprocess.run([sys.executable, "-c", "import justonce"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "no failpoint 'effect.after_fun'" in out.stderr
+    env = dict(os.environ, JUSTONCE_FAILPOINTS="effect.after_fn=kill",
+               JUSTONCE_FAILPOINTS_SEED="x")
+    out = subprocess.run([sys.executable, "-c", "import justonce"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert "JUSTONCE_FAILPOINTS_SEED must be an integer" in out.stderr
+
+
+def test_raise_counts_and_chances_act_as_set() -> None:
+    failpoints.configure("batch.before_seal=2*raise")
+    for _ in range(2):
+        with pytest.raises(FailpointError, match="batch.before_seal"):
+            failpoints.hit("batch.before_seal")
+    failpoints.hit("batch.before_seal")  # spent
+    failpoints.hit("effect.after_fn")  # not configured
+    failpoints.configure("batch.before_seal=30%raise", seed=7)
+    raised = 0
+    for _ in range(2000):
+        try:
+            failpoints.hit("batch.before_seal")
+        except FailpointError:
+            raised += 1
+    assert 450 < raised < 750, raised
+    failpoints.configure("batch.before_seal=30%raise", seed=7)
+    again = 0
+    for _ in range(2000):
+        try:
+            failpoints.hit("batch.before_seal")
+        except FailpointError:
+            again += 1
+    assert again == raised  # the seed replays the draws
+    failpoints.configure("job.before_start=sleep(150)")
+    t0 = time.monotonic()
+    failpoints.hit("job.before_start")
+    assert time.monotonic() - t0 >= 0.15
+    failpoints.configure(None)
+    assert failpoints.ACTIVE is False
+
+
+def test_kill_is_a_sigkill_at_the_point(tmp_path: Path, db_url: str) -> None:
+    """A process told effect.after_fn=kill dies by SIGKILL after the effect's function ran
+    and before it was marked done: the entry is left in doubt (at most once)."""
+    code = ("import sys, justonce\n"
+            "app = justonce.App(sys.argv[1]); app.migrate()\n"
+            "app.effects.run('mail', 'k1', lambda key: print('sent', key, flush=True))\n"
+            "print('not reached', flush=True)\n")
+    env = dict(os.environ, JUSTONCE_FAILPOINTS="effect.after_fn=kill")
+    out = subprocess.run([sys.executable, "-c", code, db_url], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert out.stdout == "sent mail:k1\n"
+    assert "failpoint hit" in out.stderr
+    import justonce
+    app = justonce.App(db_url)
+    try:
+        assert app.effects.get("mail", "k1").state == "in_doubt" or \
+            app.effects.get("mail", "k1").state == "running"
+    finally:
+        app.close()
+
+
+def test_a_worker_frozen_between_choosing_a_job_and_starting_it_does_not_start_it(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slot chose the job, then the process was stopped (here at job.before_start; in
+    the wild, say, while it gave back other jobs on a busy SQLite file) past the job's
+    lease. Another worker ran the job meanwhile. Woken, the first must not run it too: the
+    start is decided again at the last instant, and the job given back."""
+    with proc_app_on(db_url) as app, fleet_on(db_url, tmp_path) as fleet:
+        job = app.enqueue("proc_app.record", [1])
+        monkeypatch.setenv("JUSTONCE_FAILPOINTS", "job.before_start=1*sleep(4000)")
+        a = fleet.start(concurrency=1, lease=2.0, heartbeat=0.5)
+        monkeypatch.delenv("JUSTONCE_FAILPOINTS")
+        wait_for(lambda: a.events("failpoint.hit"), 30, "worker A to reach the failpoint")
+        a.signal(signal.SIGSTOP)
+        try:
+            b = fleet.start(concurrency=1, lease=2.0, heartbeat=0.5)
+            wait_for(lambda: app.get_job(job.id).state == "succeeded", 30,
+                     "worker B to run the job after A's lease ran out")
+            time.sleep(max(0.0, 4.5 - 2.0))  # A's sleep has run out by its own clock
+        finally:
+            a.signal(signal.SIGCONT)
+        wait_for(lambda: a.events("job.dropped"), 15, "worker A to drop the job it woke to")
+        time.sleep(1.0)
+        runs = ledger(db_url)
+        assert [(n, pid) for n, pid, _ in runs] == [(1, b.pid)], (runs, a.tail())
+        assert a.popen.poll() is None and b.popen.poll() is None
+        assert app.get_job(job.id).state == "succeeded"
