@@ -4,6 +4,7 @@ doing anything twice and without losing anything."""
 from .app import App
 from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
 from .batches import Batch, Batches
+from .context import current_job
 from .effects import EffectClaim, EffectOutcome, Effects, EffectsOutcome
 from .errors import (
     BatchExpired,
@@ -68,6 +69,7 @@ from .worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "current_job",
     "Audit",
     "AuditEntry",
     "CountChanged",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import validate
+from ..context import _current
 from ..errors import NonRetryable
 from ..models import ClaimedJob, Completion, Failure
 from ..retry import Backoff
@@ -54,6 +55,7 @@ class AsyncRunner:
 
     def submit(self, task: Task, job: ClaimedJob) -> concurrent.futures.Future[Any]:
         async def run() -> Any:
+            _current.set(job)  # this coroutine's own context: concurrent jobs do not mix
             return await asyncio.wait_for(task.fn(*job.args, **job.kwargs), job.timeout)
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop())
@@ -107,7 +109,11 @@ class Executor:
                     on_future(fut)
                 result = fut.result()
             else:
-                result = task.fn(*job.args, **job.kwargs)
+                ctx = _current.set(job)
+                try:
+                    result = task.fn(*job.args, **job.kwargs)
+                finally:
+                    _current.reset(ctx)
         except TimeoutError:
             return self._fail(job, start, "timeout", task,
                               f"timeout: attempt {job.attempts} ran over {job.timeout:g}s")
