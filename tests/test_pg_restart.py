@@ -89,3 +89,50 @@ def test_postgres_restart_under_a_running_worker_it_reconnects_and_all_jobs_succ
     finally:
         fleet.kill_all()
         app.close()
+
+
+def test_after_a_restart_no_call_fails_on_a_dead_pooled_connection(cluster: Cluster) -> None:
+    """Every connection of the pool was open before the restart. Idle past IDLE_CHECK, each
+    is checked before it is lent (a dead one is replaced), so once the server answers no
+    call fails; and a failure on a dead connection makes the pool check the others, so a
+    burst of calls fails at most once."""
+    import threading
+
+    from justonce import App
+
+    app = App(cluster.url + "?pool_size=4")
+    app.migrate()
+    try:
+        def busy() -> None:
+            for _ in range(20):
+                app.queue_counts()
+
+        threads = [threading.Thread(target=busy) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        cluster.restart()
+        failures = 0
+        for _ in range(12):
+            try:
+                app.queue_counts()
+            except DatabaseUnavailable:
+                failures += 1
+        assert failures == 0
+
+        # Used just before the server went away (not idle long enough to be checked).
+        for t in [threading.Thread(target=busy) for _ in range(4)]:
+            t.start()
+            t.join()
+        cluster.stop("immediate")
+        cluster.start()
+        failures = 0
+        for _ in range(12):
+            try:
+                app.queue_counts()
+            except DatabaseUnavailable:
+                failures += 1
+        assert failures <= 1
+    finally:
+        app.close()

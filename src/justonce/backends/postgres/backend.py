@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import select
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -51,6 +53,9 @@ LATEST = MIGRATIONS[-1][0]
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _OPEN = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 T = TypeVar("T")
+IDLE_CHECK = 30.0
+"""A pooled connection idle longer than this (seconds) is checked with a round trip before
+it is lent (see PostgresDialect._stale)."""
 
 
 def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
@@ -126,6 +131,9 @@ class PostgresDialect(Dialect):
             # Set once per connection at startup: no statement, no round trip.
             self._kwargs["options"] = f"-c search_path={self.schema}"
         self._pool: ConnectionPool | None = None
+        self._idle_since: weakref.WeakKeyDictionary[psycopg.Connection, float] = \
+            weakref.WeakKeyDictionary()
+        """When each pooled connection was last given back (see IDLE_CHECK)."""
         self._own: set[int] = set()
         """ids of our pooled connections lent out by transaction(), in a READ COMMITTED
         transaction of ours."""
@@ -154,6 +162,58 @@ class PostgresDialect(Dialect):
                     self._pool = pool
         return self._pool
 
+    def _stale(self, conn: psycopg.Connection) -> bool:
+        """Whether a connection the pool lends is dead. After a server restart every pooled
+        connection's socket is closed, and the first statement sent on each would fail. An
+        idle connection has nothing to read: a readable socket (the server's goodbye, or
+        end of file) means it is dead. The common case costs one non-blocking select(), no
+        round trip; a connection idle past IDLE_CHECK (a network may have dropped it
+        silently) is checked with a round trip."""
+        since = self._idle_since.get(conn)
+        if since is None:
+            return False  # just connected
+        try:
+            if time.monotonic() - since >= IDLE_CHECK:
+                ConnectionPool.check_connection(conn)
+                return False
+            readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        except (OSError, ValueError, psycopg.Error):
+            return True
+        return bool(readable)
+
+    @contextmanager
+    def _lend(self) -> Iterator[psycopg.Connection]:
+        """A live connection of the pool: dead ones are thrown away (the pool replaces
+        them) and, at the first, the pool's other idle connections are checked at once."""
+        pool = self._get_pool()
+        conn = pool.getconn()
+        swept = False
+        for _ in range(self.pool_size + 1):
+            if not self._stale(conn):
+                break
+            conn.close()
+            pool.putconn(conn)  # closed: discarded, and a new one made in the background
+            if not swept:
+                swept = True
+                self._broken()
+            conn = pool.getconn()
+        try:
+            with conn:
+                yield conn
+        finally:
+            self._idle_since[conn] = time.monotonic()
+            pool.putconn(conn)
+
+    def _broken(self) -> None:
+        """A statement failed on a dead connection (the server restarted, say): check the
+        pool's other idle connections now, so that one call fails, not one per connection."""
+        pool = self._pool
+        if pool is not None:
+            try:
+                pool.check()
+            except Exception:  # noqa: BLE001 - the pool reconnects in its own time
+                pass
+
     @contextmanager
     def _connection(self, schema: bool = True, scoped: bool = True) -> Iterator[psycopg.Connection]:
         """A pooled connection. Behind PgBouncer with a schema (``scoped``), everything run
@@ -163,7 +223,7 @@ class PostgresDialect(Dialect):
         if schema:
             self._ensure_schema()
         try:
-            with self._get_pool().connection() as conn:
+            with self._lend() as conn:
                 if self._local_schema is None or not scoped:
                     yield conn
                     return
@@ -186,6 +246,7 @@ class PostgresDialect(Dialect):
             raise LockTimeout(f"PostgreSQL: {str(exc).strip()}") from exc
         except psycopg.OperationalError as exc:
             # The pool throws broken connections away on return; the next call reconnects.
+            self._broken()
             raise DatabaseUnavailable(f"PostgreSQL: {str(exc).strip()}") from exc
 
     def _fetch(self, name: str, params: dict[str, Any], *, dicts: bool = False) -> list[Any]:
