@@ -280,7 +280,7 @@ class Partitions:
             return None
         slot, token, expires_at = got
         emit(Event.PARTITION_ACQUIRED, "partition acquired", set=name, slot=slot, n=n, token=token,
-             until=expires_at.timestamp())
+             until=expires_at.timestamp(), lease=lease)
         failpoints.hit("partition.after_acquire")
         return PartitionLease(self, name, n, slot, token, who, lease, expires_at, started)
 

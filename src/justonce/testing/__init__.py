@@ -1,0 +1,1 @@
+"""Tools to test justonce deployments under faults."""

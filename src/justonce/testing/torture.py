@@ -1,0 +1,495 @@
+"""Fault scenarios with the history checked: ``python -m justonce.testing.torture``.
+
+Each scenario runs real ``justonce worker`` processes (the tasks of
+:mod:`justonce.testing.workload`) against a fresh database of each backend, while this
+process enqueues work and injects faults; every process appends to one history file, and
+:mod:`justonce.testing.check` checks it against the promises. The last line printed is
+``violations: N``.
+
+Scenarios:
+
+- ``chaos``: plain and partitioned workers, jobs, keyed jobs, retries, batches and effects
+  in flight at once; random ``kill -9`` (the process is replaced) and SIGSTOP/SIGCONT
+  past the lease, for the scenario's share of ``--minutes``;
+- ``failpoints``: a kill at every failpoint a worker passes (:data:`justonce.failpoints.POINTS`),
+  each in its own worker process, replaced after it dies, the next point in turn;
+- ``poison``: a job that kills its own process every attempt, among ordinary work: it ends
+  dead within its attempts and the rest succeeds.
+
+``--seed`` makes the faults (which worker, when, how long) and the work replayable; the
+machine's timing still varies. ``--keep DIR`` keeps each run's history and worker logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import App, Enqueue
+from ..failpoints import POINTS
+from . import check as checker
+from .history import Recorder, read
+
+PG_URL = os.environ.get("JUSTONCE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+MYSQL_URL = os.environ.get("JUSTONCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+BACKENDS = ("sqlite", "postgres", "mysql")
+LEASE, HEARTBEAT = 2.0, 0.5
+KEYS = [f"k{i}" for i in range(12)]
+WORKER_POINTS = [p for p in POINTS if p.split(".")[0] in ("job", "ack", "fail", "heartbeat",
+                                                          "partition", "effect")
+                 and p != "effect.after_chunk"]
+"""The failpoints a workload worker passes (run_many's chunk point is not on its path)."""
+
+
+# -- databases ------------------------------------------------------------------------------
+
+
+@contextmanager
+def database(backend: str, folder: Path) -> Iterator[str]:
+    """A fresh, empty database of ``backend``: its URL; dropped afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'torture.db'}"
+    elif backend == "postgres":
+        import psycopg
+
+        schema = f"torture_{uuid.uuid4().hex[:10]}"
+        sep = "&" if "?" in PG_URL else "?"
+        try:
+            yield f"{PG_URL}{sep}schema={schema}"
+        finally:
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    elif backend == "mysql":
+        import pymysql
+
+        from ..backends.mysql.backend import parse_mysql_url
+
+        kwargs, _ = parse_mysql_url(MYSQL_URL)
+        name = f"torture_{uuid.uuid4().hex[:10]}"
+        with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        base = MYSQL_URL.split("?", 1)[0].rsplit("/", 1)[0]
+        try:
+            yield f"{base}/{name}"
+        finally:
+            with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    else:
+        raise ValueError(f"unknown backend {backend!r}; the backends are {', '.join(BACKENDS)}")
+
+
+def reachable(backend: str) -> str | None:
+    """None when the backend's server answers, else why not."""
+    try:
+        if backend == "postgres":
+            import psycopg
+
+            psycopg.connect(PG_URL, connect_timeout=3).close()
+        elif backend == "mysql":
+            import pymysql
+
+            from ..backends.mysql.backend import parse_mysql_url
+
+            kwargs, _ = parse_mysql_url(MYSQL_URL)
+            pymysql.connect(**kwargs, connect_timeout=3).close()
+    except Exception as exc:  # noqa: BLE001 - reported as the reason to skip
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# -- one run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    popen: subprocess.Popen[bytes]
+    partitioned: bool
+    points: str | None
+    stopped_until: float | None = None
+    replaced: bool = False
+
+
+@dataclass
+class Result:
+    scenario: str
+    backend: str
+    faults: dict[str, int] = field(default_factory=dict)
+    report: Any = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def violations(self) -> int:
+        if self.error is not None:
+            return 1
+        return int(self.report.violations)
+
+
+class Run:
+    """A database, its workers and the history they share, for one scenario."""
+
+    def __init__(self, url: str, folder: Path, rng: random.Random) -> None:
+        self.url, self.folder, self.rng = url, folder, rng
+        self.history_path = folder / "history.jsonl"
+        self.history = Recorder(self.history_path)
+        self.app = App(url, strict=False)  # the tasks are the workers' (workload.py)
+        self.app.migrate()
+        self.workers: list[Worker] = []
+        self.faults: dict[str, int] = {}
+        self.jobs: dict[int, tuple[str | None, int]] = {}  # id -> (key, max_attempts)
+        self.batches: dict[int, list[int]] = {}
+        self.n = 0
+        self._logs = 0
+
+    # -- workers ---------------------------------------------------------------------
+    def start_worker(self, partitioned: bool, points: str | None = None) -> Worker:
+        env = dict(os.environ, JUSTONCE_HISTORY=str(self.history_path))
+        env.pop("JUSTONCE_FAILPOINTS", None)
+        env.pop("JUSTONCE_DATABASE_URL", None)
+        if points:
+            env["JUSTONCE_FAILPOINTS"] = points
+        cmd = [sys.executable, "-m", "justonce", "worker", "--app",
+               "justonce.testing.workload:app", "--database-url", self.url,
+               "--concurrency", "2", "--lease", str(LEASE), "--heartbeat", str(HEARTBEAT),
+               "--poll", "0.1", "--housekeeping-interval", "0.3", "--grace", "5",
+               "--log-level", "WARNING"]
+        cmd += (["--queues", "torture_keyed", "--partitions", "torture:4",
+                 "--partition-slots", "2"] if partitioned else ["--queues", "torture"])
+        self._logs += 1
+        with open(self.folder / f"worker-{self._logs}.log", "wb") as log:
+            popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=log, start_new_session=True)
+        w = Worker(popen, partitioned, points)
+        self.workers.append(w)
+        return w
+
+    def live(self) -> list[Worker]:
+        return [w for w in self.workers if w.popen.poll() is None]
+
+    def fault(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def kill(self, w: Worker) -> None:
+        try:
+            os.kill(w.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        w.popen.wait(10)
+        self.fault("kill -9")
+
+    def stop_for(self, w: Worker, seconds: float) -> None:
+        try:
+            os.kill(w.popen.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        w.stopped_until = time.monotonic() + seconds
+        self.fault("SIGSTOP")
+
+    def wake_due(self, everyone: bool = False) -> None:
+        now = time.monotonic()
+        for w in self.workers:
+            if w.stopped_until is not None and (everyone or now >= w.stopped_until):
+                w.stopped_until = None
+                try:
+                    os.kill(w.popen.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
+    def stop_all(self) -> None:
+        self.wake_due(everyone=True)
+        for w in self.live():
+            w.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for w in self.workers:
+            try:
+                w.popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.popen.kill()
+                w.popen.wait(10)
+
+    # -- work ------------------------------------------------------------------------
+    def enqueue(self, task: str, args: list[Any], *, key: str | None = None,
+                max_attempts: int = 5) -> int:
+        queue = "torture_keyed" if key is not None else "torture"
+        job = self.app.enqueue(f"justonce.testing.workload.{task}", args, queue=queue,
+                               partition_key=key, max_attempts=max_attempts)
+        self.jobs[job.id] = (key, max_attempts)
+        self.history.record("enqueue", job=job.id, key=key, max_attempts=max_attempts)
+        return job.id
+
+    def flow(self) -> None:
+        """One round of the mixed workload."""
+        for _ in range(3):
+            self.n += 1
+            self.enqueue("step", [self.n, 0.003, self.rng.random() < 0.3])
+        for _ in range(3):
+            self.n += 1
+            self.enqueue("step", [self.n, 0.003], key=self.rng.choice(KEYS))
+        if self.rng.random() < 0.1:
+            self.n += 1
+            self.enqueue("flaky", [self.n])
+        if self.rng.random() < 0.05:
+            batch = self.app.batches.open("torture", on_complete="justonce.testing.workload.batch_done")
+            reqs = []
+            for _ in range(4):
+                self.n += 1
+                reqs.append(Enqueue("justonce.testing.workload.step", [self.n, 0.003],
+                                    queue="torture", max_attempts=5))
+            _, ids = batch.enqueue(reqs)
+            batch.seal()
+            self.batches[batch.id] = ids
+            for job_id in ids:
+                self.jobs[job_id] = (None, 5)
+                self.history.record("enqueue", job=job_id, key=None, max_attempts=5)
+
+    def backlog(self) -> int:
+        busy = {"ready", "running", "scheduled"}
+        return sum(qc.count for qc in self.app.queue_counts()
+                   if str(qc.state) in busy and qc.queue.startswith("torture"))
+
+    def drain(self, timeout: float) -> bool:
+        """Let the work finish without faults; False if it did not within ``timeout``."""
+        self.wake_due(everyone=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.backlog() == 0:
+                return True
+            for w in self.workers:
+                if w.popen.poll() is not None and not w.replaced:
+                    w.replaced = True  # died on its own (a poison job): replace it
+                    self.start_worker(w.partitioned)
+            time.sleep(0.2)
+        return False
+
+    def finish(self) -> None:
+        """The database's last word on every job and batch, as history."""
+        lines = read([self.history_path]) if self.batches else []
+        acked: dict[int, float] = {}
+        for line in lines:
+            if line.ev in ("complete", "end") and line.get("job") is not None:
+                job = int(line["job"])
+                if line.ev == "complete" and line.get("accepted"):
+                    acked[job] = line.t
+                else:
+                    acked.setdefault(job, line.t)
+        for job_id in sorted(self.jobs):
+            j = self.app.get_job(job_id)
+            self.history.record("final", job=job_id, state=str(j.state), attempts=j.attempts,
+                                max_attempts=j.max_attempts)
+        for batch_id, ids in self.batches.items():
+            self.history.record("batch_items", batch=str(batch_id), n=len(ids))
+            for i, job_id in enumerate(ids):
+                if str(self.app.get_job(job_id).state) == "succeeded" and job_id in acked:
+                    # The item was acked in the transaction that accepted its job's success.
+                    self.history.line("batch_ack", t=acked[job_id], batch=str(batch_id),
+                                      item=i, accepted=True)
+
+    def close(self) -> None:
+        for w in self.workers:
+            if w.popen.poll() is None:
+                w.popen.kill()
+                w.popen.wait(10)
+        self.app.close()
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+def chaos(run: Run, seconds: float) -> None:
+    """Random kill -9 and SIGSTOP past the lease, jobs of every kind in flight."""
+    for _ in range(2):
+        run.start_worker(False)
+    for _ in range(3):
+        run.start_worker(True)  # 2 x 2 slots of 4, and one standing by
+    end = time.monotonic() + seconds
+    next_fault = time.monotonic() + run.rng.uniform(0.5, 1.5)
+    while time.monotonic() < end:
+        run.flow()
+        run.wake_due()
+        if time.monotonic() >= next_fault:
+            candidates = [w for w in run.live() if w.stopped_until is None]
+            if candidates:
+                w = run.rng.choice(candidates)
+                if run.rng.random() < 0.55:
+                    run.kill(w)
+                    w.replaced = True
+                    run.start_worker(w.partitioned)
+                else:
+                    run.stop_for(w, run.rng.uniform(0.5, 2.5) * LEASE)
+            next_fault = time.monotonic() + run.rng.uniform(0.4, 1.2)
+        time.sleep(0.05)
+
+
+def failpoint_kills(run: Run, seconds: float) -> None:
+    """A kill at every failpoint on a worker's path, each in a worker of its own."""
+    points = list(WORKER_POINTS)
+    run.rng.shuffle(points)
+    run.start_worker(False)
+    run.start_worker(True)
+    armed: dict[int, str] = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end or points or armed:
+        run.flow()
+        for w in list(run.workers):
+            point = armed.get(w.popen.pid)
+            if point is not None and w.popen.poll() is not None:
+                del armed[w.popen.pid]
+                w.replaced = True
+                if w.popen.returncode == -signal.SIGKILL:
+                    run.fault(f"kill at {point}")
+                else:
+                    run.fault(f"exited {w.popen.returncode} at {point}?")
+        while points and len(armed) < 2:
+            point = points.pop()
+            # A partition point needs a slot (the other partitioned worker holds 2 of 4);
+            # the others need the plain queue's work (retries, effects).
+            w = run.start_worker(point.startswith("partition"), f"{point}=kill")
+            armed[w.popen.pid] = point
+        if time.monotonic() > end + 60:
+            for point in armed.values():
+                run.fault(f"not reached: {point}")
+            for w in run.live():
+                if w.popen.pid in armed:
+                    run.kill(w)
+            break
+        time.sleep(0.05)
+    run.start_worker(False)
+    run.start_worker(True)
+
+
+def poison(run: Run, seconds: float) -> None:
+    """A job that kills its own process every attempt, among ordinary work."""
+    run.start_worker(False)
+    run.start_worker(False)
+    run.start_worker(True)
+    run.start_worker(True)
+    run.n += 1
+    run.enqueue("poison", [run.n], max_attempts=3)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        run.flow()
+        for w in list(run.workers):
+            if w.popen.poll() is not None and not w.replaced:
+                w.replaced = True
+                run.fault("killed by the poison job")
+                run.start_worker(w.partitioned)
+        time.sleep(0.05)
+
+
+SCENARIOS: dict[str, Callable[[Run, float], None]] = {
+    "chaos": chaos, "failpoints": failpoint_kills, "poison": poison,
+}
+
+
+def run_one(scenario: str, backend: str, seconds: float, seed: int, keep: Path | None) -> Result:
+    rng = random.Random(f"{seed}:{scenario}:{backend}")
+    folder = Path(tempfile.mkdtemp(prefix=f"torture-{scenario}-{backend}-"))
+    result = Result(scenario, backend)
+    started = time.monotonic()
+    try:
+        with database(backend, folder) as url:
+            run = Run(url, folder, rng)
+            try:
+                SCENARIOS[scenario](run, seconds)
+                if not run.live():
+                    run.start_worker(False)
+                    run.start_worker(True)
+                if not run.drain(90):
+                    result.error = f"work not finished 90 s after the faults stopped ({run.backlog()} left)"
+                run.stop_all()
+                run.finish()
+            finally:
+                result.faults = dict(run.faults)
+                run.close()
+        result.report = checker.check(read([folder / "history.jsonl"]))
+    except Exception as exc:  # noqa: BLE001 - a failed run is reported, not raised
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.seconds = time.monotonic() - started
+    if keep is not None:
+        dest = keep / f"{scenario}-{backend}"
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(folder, dest)
+    shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def table(results: list[Result]) -> str:
+    rows = ["| scenario | backend | faults injected | jobs / effects / acks / slots checked | violations |",
+            "|---|---|---|---|---|"]
+    for r in results:
+        faults = ", ".join(f"{n} {k}" for k, n in sorted(r.faults.items())) or "none"
+        if r.report is not None:
+            c = r.report.counts
+            checked = (f"{c.get('jobs', 0)} / {c.get('effects', 0)} / {c.get('acks', 0)} / "
+                       f"{c.get('slots', 0)}")
+        else:
+            checked = "-"
+        v = r.violations if r.error is None else f"{r.violations} ({r.error})"
+        rows.append(f"| {r.scenario} | {r.backend} | {faults} | {checked} | {v} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m justonce.testing.torture", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=3.0,
+                   help="time with faults, shared among the runs (each gets at least 5 s)")
+    p.add_argument("--seed", type=int, default=None, help="replay a run (default: random)")
+    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--keep", type=Path, default=None, help="keep histories and logs here")
+    p.add_argument("--require-all", action="store_true",
+                   help="a backend that does not answer is a failure, not a skip")
+    a = p.parse_args(argv)
+    if not 0 < a.minutes <= 7 * 24 * 60:
+        p.error("--minutes must be in (0, 10080]")
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(10**9)
+    scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
+    backends = [b.strip() for b in a.backends.split(",") if b.strip()]
+    for s in scenarios:
+        if s not in SCENARIOS:
+            p.error(f"no scenario {s!r}; the scenarios are {', '.join(SCENARIOS)}")
+    for b in backends:
+        if b not in BACKENDS:
+            p.error(f"no backend {b!r}; the backends are {', '.join(BACKENDS)}")
+    print(f"torture: seed {seed}, {a.minutes:g} min, scenarios {', '.join(scenarios)}, "
+          f"backends {', '.join(backends)}", flush=True)
+    runs = [(s, b) for b in backends for s in scenarios]
+    share = max(5.0, a.minutes * 60 / max(1, len(runs)))
+    results: list[Result] = []
+    skipped = 0
+    for scenario, backend in runs:
+        why = reachable(backend)
+        if why is not None:
+            print(f"torture: SKIPPED {scenario} on {backend}: {why}", flush=True)
+            skipped += 1
+            continue
+        r = run_one(scenario, backend, share, seed, a.keep)
+        results.append(r)
+        print(f"torture: {scenario} on {backend}: {r.violations} violations in "
+              f"{r.seconds:.0f} s", flush=True)
+        if r.report is not None and r.report.violations:
+            print(r.report.text(), flush=True)
+        if r.error:
+            print(f"torture: {scenario} on {backend} failed: {r.error}", flush=True)
+    print(table(results))
+    total = sum(r.violations for r in results) + (skipped if a.require_all else 0)
+    print(f"violations: {total}")
+    return 1 if total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The torture run's work: the tasks its worker processes run, each writing what it does to
+the run's history (``$JUSTONCE_HISTORY``), and a subscriber that writes what the worker
+itself saw (claims with their tokens, accepted and rejected writes, slots won and lost).
+
+Workers start as users start them::
+
+    JUSTONCE_HISTORY=run.jsonl python -m justonce worker \\
+        --app justonce.testing.workload:app --database-url URL --partitions torture:4
+
+The history is the evidence :mod:`justonce.testing.check` reads; nothing here checks
+anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .. import App, Backoff, current_job
+from ..events import Event, subscribe
+from .history import Recorder, from_env
+
+app = App()
+SCOPE = "torture"
+PARTITION_SET = "torture"
+
+_history: Recorder | None = from_env()
+
+
+def _record(ev: str, **fields: Any) -> None:
+    if _history is not None:
+        _history.record(ev, **fields)
+
+
+def _started(n: int) -> None:
+    job = current_job()
+    assert job is not None, "a workload task runs as a job"
+    _record("start", job=job.id, token=job.lease_token, attempt=job.attempts, n=n)
+
+
+def _ended() -> None:
+    job = current_job()
+    assert job is not None
+    _record("end", job=job.id, token=job.lease_token)
+
+
+def _effect(n: int) -> None:
+    """The side effect of ``n``, at most once, through the ledger: the ``effect`` line is
+    the effect itself (a mail sent, say); what the ledger says about it is not evidence."""
+    def send(idempotency_key: str) -> None:
+        _record("effect", scope=SCOPE, key=str(n))
+
+    app.effects.run(SCOPE, str(n), send, lease=30.0, lock_timeout=10.0)
+
+
+@app.task(queue="torture", max_attempts=5, backoff=Backoff(base=0.05, cap=0.5, jitter=0))
+def step(n: int, seconds: float = 0.005, effect: bool = False) -> int:
+    """One unit of work: start, an effect through the ledger (when asked), a short wait."""
+    _started(n)
+    if effect:
+        _effect(n)
+    time.sleep(seconds)
+    _ended()
+    return n
+
+
+@app.task(queue="torture", max_attempts=5, backoff=Backoff(base=0.05, cap=0.5, jitter=0))
+def flaky(n: int) -> int:
+    """Fails its first attempt (a retry goes through the failure path), then succeeds."""
+    _started(n)
+    job = current_job()
+    assert job is not None
+    if job.attempts == 1:
+        raise RuntimeError("the first attempt fails on purpose")
+    _ended()
+    return n
+
+
+@app.task(queue="torture", max_attempts=3, backoff=Backoff(base=0.05, cap=0.2, jitter=0))
+def poison(n: int) -> None:
+    """Kills its own process, every attempt (a poison job): it must end dead, within its
+    attempts, without taking the rest of the queue with it."""
+    _started(n)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(queue="torture")
+def batch_done(batch: dict[str, Any]) -> None:
+    """A batch's completion callback."""
+    _record("batch_complete", batch=str(batch.get("id")))
+
+
+def _on_event(event: Event, fields: Mapping[str, Any]) -> None:
+    if event is Event.JOB_CLAIMED:
+        _record("claim", job=fields["job_id"], token=fields["token"], attempt=fields["attempt"])
+    elif event is Event.JOB_SUCCEEDED:
+        _record("complete", job=fields["job_id"], token=fields["token"], accepted=True)
+    elif event is Event.JOB_REJECTED:
+        ev = "complete" if fields.get("outcome") == "succeeded" else "fail"
+        extra = {} if ev == "complete" else {"final": False}
+        _record(ev, job=fields["job_id"], token=fields["token"], accepted=False, **extra)
+    elif event in (Event.JOB_FAILED, Event.JOB_TIMEOUT, Event.JOB_UNKNOWN_TASK,
+                   Event.JOB_BAD_ARGUMENTS):
+        _record("fail", job=fields["job_id"], token=fields["token"], accepted=True,
+                final=fields.get("state") == "dead")
+    elif event is Event.PARTITION_ACQUIRED:
+        _record("slot_acquire", set=fields["set"], slot=fields["slot"], token=fields["token"],
+                until=fields["until"], lease=fields["lease"])
+    elif event is Event.PARTITION_LOST:
+        _record("slot_lose", set=fields["set"], slot=fields["slot"], token=fields["token"])
+
+
+if _history is not None:
+    subscribe(_on_event)

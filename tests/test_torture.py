@@ -1,0 +1,63 @@
+"""The torture scenarios' short form (python -m justonce.testing.torture): kill -9 and
+SIGSTOP at random, a kill at every failpoint, and a poison job, on every backend, with the
+history checked. JUSTONCE_TORTURE_MINUTES sets the time with faults (default 1.5, shared
+among the 9 runs; each run gets at least 5 s); the long form is the command itself, for as
+long as you like: ``python -m justonce.testing.torture --minutes 60``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from conftest import REQUIRE_MYSQL, REQUIRE_PG, mysql_or_skip, postgres_or_skip
+
+pytestmark = pytest.mark.slow
+
+MINUTES = os.environ.get("JUSTONCE_TORTURE_MINUTES", "1.5")
+
+
+def test_every_scenario_on_every_backend_ends_with_no_violation() -> None:
+    env = dict(os.environ)
+    backends = ["sqlite"]
+    pg = _url(postgres_or_skip, REQUIRE_PG)
+    if pg is not None:
+        backends.append("postgres")
+        env["JUSTONCE_TEST_POSTGRES_URL"] = pg  # a throwaway cluster's, when it is one
+    my = _url(mysql_or_skip, REQUIRE_MYSQL)
+    if my is not None:
+        backends.append("mysql")
+        env["JUSTONCE_TEST_MYSQL_URL"] = my
+    seed = int(os.environ.get("JUSTONCE_TORTURE_SEED", "20261125"))
+    out = subprocess.run(
+        [sys.executable, "-m", "justonce.testing.torture", "--minutes", MINUTES, "--seed",
+         str(seed), "--backends", ",".join(backends), "--require-all"],
+        capture_output=True, text=True, timeout=1800, env=env)
+    print(out.stdout[-20000:])
+    print(out.stderr[-5000:], file=sys.stderr)
+    lines = out.stdout.strip().splitlines()
+    assert lines and lines[-1] == "violations: 0", out.stdout[-5000:] + out.stderr[-3000:]
+    assert out.returncode == 0
+    # The faults happened (the run cannot pass vacuously) and each point was reached.
+    table = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| scenario")]
+    assert len(table) == 3 * len(backends), out.stdout
+    for row in table:
+        scenario, backend, faults = (c.strip() for c in row.strip("|").split("|")[:3])
+        assert faults != "none", row
+        if scenario == "failpoints":
+            assert "not reached" not in faults and "exited" not in faults, row
+        if scenario == "chaos":
+            assert "kill -9" in faults and "SIGSTOP" in faults, row
+
+
+def _url(probe: Callable[[], str], required: bool) -> str | None:
+    """The server's URL, or None when it does not answer (a failure when required)."""
+    if required:
+        return probe()
+    try:
+        return probe()
+    except BaseException:  # noqa: BLE001 - pytest.skip is a BaseException
+        return None
