@@ -14,19 +14,15 @@ even connect.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -34,66 +30,22 @@ import proc_app
 from conftest import REQUIRE_PG, _drop_schema
 from fleet import Fleet, WorkerProc, fleet_on, wait_for
 from justonce import App, Enqueue
+from justonce.testing.pgbouncer import pgbouncer_bin, start_pgbouncer
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 POOL_SIZE = 4  # server connections PgBouncer keeps per (database, user)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pgbouncer() -> str | None:
-    # Debian installs it in /usr/sbin, which a non-root PATH may lack.
-    return shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+    return pgbouncer_bin()
 
 
 def _start_pgbouncer(server_url: str, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A pgbouncer in transaction mode in front of ``server_url``; returns the process and
-    the URL of the same database through it."""
-    server = urlsplit(server_url)
-    dbname = server.path.lstrip("/") or "postgres"
-    user = server.username or "postgres"
-    port = _free_port()
-    (folder / "userlist.txt").write_text(f'"{user}" ""\n')
-    (folder / "pgbouncer.ini").write_text(f"""\
-[databases]
-{dbname} = host={server.hostname or '127.0.0.1'} port={server.port or 5432} dbname={dbname}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {folder / 'userlist.txt'}
-pool_mode = transaction
-default_pool_size = {POOL_SIZE}
-max_client_conn = 500
-""")
-    cmd = [_pgbouncer() or "pgbouncer", str(folder / "pgbouncer.ini")]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root; it reads its files first
-        cmd[1:1] = ["-u", "postgres"]
-    log = open(folder / "pgbouncer.log", "wb")  # noqa: SIM115 - the process keeps it
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True)
-    log.close()
-    deadline = time.monotonic() + 10
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"pgbouncer exited with {proc.returncode}:\n"
-                        f"{(folder / 'pgbouncer.log').read_text()}", pytrace=False)
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("pgbouncer did not listen within 10 s", pytrace=False)
-            time.sleep(0.05)
-    return proc, f"postgresql://{user}@127.0.0.1:{port}/{dbname}"
+    try:
+        return start_pgbouncer(server_url, folder, POOL_SIZE)
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -23,16 +23,19 @@ from typing import Any
 
 
 class Recorder:
-    """Appends history lines to ``path`` (created if missing)."""
+    """Appends history lines to ``path`` (created if missing). ``skew``: seconds this
+    process's wall clock is known to be ahead (a test skewed it), taken off every ``t`` so
+    that the lines of all processes share one clock."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], skew: float = 0.0) -> None:
         self.path = Path(path)
+        self.skew = skew
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
 
     def record(self, ev: str, **fields: Any) -> None:
         """One line: ``{"ev": ev, "t": now, "pid": pid, **fields}``."""
-        self.line(ev, time.time(), **fields)
+        self.line(ev, time.time() - self.skew, **fields)
 
     def line(self, ev: str, t: float, **fields: Any) -> None:
         """One line with the time given (for facts learnt afterwards, e.g. from the database)."""
@@ -49,9 +52,10 @@ class Recorder:
 
 
 def from_env() -> Recorder | None:
-    """A Recorder for ``$JUSTONCE_HISTORY``, or None when it is unset (record nothing)."""
+    """A Recorder for ``$JUSTONCE_HISTORY`` (with ``$JUSTONCE_HISTORY_SKEW`` seconds taken
+    off its times), or None when it is unset (record nothing)."""
     path = os.environ.get("JUSTONCE_HISTORY")
-    return Recorder(path) if path else None
+    return Recorder(path, float(os.environ.get("JUSTONCE_HISTORY_SKEW") or 0)) if path else None
 
 
 @dataclass(frozen=True)

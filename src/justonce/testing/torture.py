@@ -14,7 +14,16 @@ Scenarios:
 - ``failpoints``: a kill at every failpoint a worker passes (:data:`justonce.failpoints.POINTS`),
   each in its own worker process, replaced after it dies, the next point in turn;
 - ``poison``: a job that kills its own process every attempt, among ordinary work: it ends
-  dead within its attempts and the rest succeeds.
+  dead within its attempts and the rest succeeds;
+- ``skew`` (Postgres, MySQL): chaos with the workers' wall clocks set 10 minutes ahead or
+  behind (Debian's ``faketime``; their monotonic clocks are left alone, as on real
+  machines): leases and schedules go by the server's clock. (SQLite's processes share one
+  machine, hence one clock, which is the database's.)
+- ``crowd`` (SQLite): chaos with 16 worker processes on one file;
+- ``pgbouncer`` (Postgres): chaos with the workers behind PgBouncer in transaction mode
+  (``?pgbouncer=1``, ``--no-listen``);
+- ``pg-restart`` (Postgres, a throwaway cluster started here): the server stopped with
+  ``pg_ctl -m immediate`` and started again, again and again, under working workers.
 
 ``--seed`` makes the faults (which worker, when, how long) and the work replayable; the
 machine's timing still varies. ``--keep DIR`` keeps each run's history and worker logs.
@@ -38,10 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import App, Enqueue
+from .. import App, DatabaseUnavailable, Enqueue
 from ..failpoints import POINTS
 from . import check as checker
 from .history import Recorder, read
+from .pgbouncer import pgbouncer_bin, start_pgbouncer
+from .pgcluster import Cluster, pg_bin
 
 PG_URL = os.environ.get("JUSTONCE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 MYSQL_URL = os.environ.get("JUSTONCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
@@ -120,6 +131,9 @@ class Worker:
     points: str | None
     stopped_until: float | None = None
     replaced: bool = False
+    concurrency: int = 2
+    slots: int = 2
+    skew: float = 0.0
 
 
 @dataclass
@@ -153,28 +167,46 @@ class Run:
         self.batches: dict[int, list[int]] = {}
         self.n = 0
         self._logs = 0
+        self.worker_url = url
+        self.worker_extra: list[str] = []
+        self.cluster: Cluster | None = None
 
     # -- workers ---------------------------------------------------------------------
-    def start_worker(self, partitioned: bool, points: str | None = None) -> Worker:
+    def start_worker(self, partitioned: bool, points: str | None = None, *,
+                     concurrency: int = 2, slots: int = 2, skew: float = 0.0) -> Worker:
+        """A ``justonce worker`` process: on the keyed queue with ``slots`` of the 4 slots,
+        or on the plain queue; ``points``: its JUSTONCE_FAILPOINTS; ``skew``: seconds its
+        wall clock runs ahead (faketime)."""
         env = dict(os.environ, JUSTONCE_HISTORY=str(self.history_path))
-        env.pop("JUSTONCE_FAILPOINTS", None)
-        env.pop("JUSTONCE_DATABASE_URL", None)
+        for name in ("JUSTONCE_FAILPOINTS", "JUSTONCE_DATABASE_URL", "JUSTONCE_HISTORY_SKEW"):
+            env.pop(name, None)
         if points:
             env["JUSTONCE_FAILPOINTS"] = points
         cmd = [sys.executable, "-m", "justonce", "worker", "--app",
-               "justonce.testing.workload:app", "--database-url", self.url,
-               "--concurrency", "2", "--lease", str(LEASE), "--heartbeat", str(HEARTBEAT),
-               "--poll", "0.1", "--housekeeping-interval", "0.3", "--grace", "5",
-               "--log-level", "WARNING"]
+               "justonce.testing.workload:app", "--database-url", self.worker_url,
+               "--concurrency", str(concurrency), "--lease", str(LEASE), "--heartbeat",
+               str(HEARTBEAT), "--poll", "0.1", "--housekeeping-interval", "0.3", "--grace",
+               "5", "--log-level", "WARNING", *self.worker_extra]
         cmd += (["--queues", "torture_keyed", "--partitions", "torture:4",
-                 "--partition-slots", "2"] if partitioned else ["--queues", "torture"])
+                 "--partition-slots", str(slots)] if partitioned else ["--queues", "torture"])
+        if skew:
+            # The wall clock only: a machine's monotonic clock is its own, never skewed.
+            env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+            env["JUSTONCE_HISTORY_SKEW"] = str(skew)
+            cmd = ["faketime", "-f", f"{skew:+.0f}", *cmd]
         self._logs += 1
         with open(self.folder / f"worker-{self._logs}.log", "wb") as log:
             popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=log, start_new_session=True)
-        w = Worker(popen, partitioned, points)
+        w = Worker(popen, partitioned, points, concurrency=concurrency, slots=slots, skew=skew)
         self.workers.append(w)
         return w
+
+    def replace(self, w: Worker) -> Worker:
+        """A worker like ``w`` (without its failpoints), for one that died."""
+        w.replaced = True
+        return self.start_worker(w.partitioned, concurrency=w.concurrency, slots=w.slots,
+                                 skew=w.skew)
 
     def live(self) -> list[Worker]:
         return [w for w in self.workers if w.popen.poll() is None]
@@ -231,7 +263,13 @@ class Run:
         return job.id
 
     def flow(self) -> None:
-        """One round of the mixed workload."""
+        """One round of the mixed workload (skipped while the database is unavailable)."""
+        try:
+            self._flow()
+        except DatabaseUnavailable:
+            self.fault("enqueue refused: database unavailable")
+
+    def _flow(self) -> None:
         for _ in range(3):
             self.n += 1
             self.enqueue("step", [self.n, 0.003, self.rng.random() < 0.3])
@@ -257,7 +295,11 @@ class Run:
 
     def backlog(self) -> int:
         busy = {"ready", "running", "scheduled"}
-        return sum(qc.count for qc in self.app.queue_counts()
+        try:
+            counts = self.app.queue_counts()
+        except DatabaseUnavailable:
+            return -1
+        return sum(qc.count for qc in counts
                    if str(qc.state) in busy and qc.queue.startswith("torture"))
 
     def drain(self, timeout: float) -> bool:
@@ -267,10 +309,9 @@ class Run:
         while time.monotonic() < deadline:
             if self.backlog() == 0:
                 return True
-            for w in self.workers:
+            for w in list(self.workers):
                 if w.popen.poll() is not None and not w.replaced:
-                    w.replaced = True  # died on its own (a poison job): replace it
-                    self.start_worker(w.partitioned)
+                    self.replace(w)  # died on its own (a poison job): replace it
             time.sleep(0.2)
         return False
 
@@ -314,6 +355,66 @@ def chaos(run: Run, seconds: float) -> None:
         run.start_worker(False)
     for _ in range(3):
         run.start_worker(True)  # 2 x 2 slots of 4, and one standing by
+    _faults(run, seconds)
+
+
+def skew(run: Run, seconds: float) -> None:
+    """Chaos with every worker's wall clock 10 minutes ahead or behind."""
+    for i in range(2):
+        run.start_worker(False, skew=600 if i % 2 else -600)
+    for i in range(3):
+        run.start_worker(True, skew=-600 if i % 2 else 600)
+    _faults(run, seconds)
+
+
+def crowd(run: Run, seconds: float) -> None:
+    """Chaos with 16 processes on one SQLite file."""
+    for _ in range(8):
+        run.start_worker(False, concurrency=1)
+    for _ in range(8):
+        run.start_worker(True, concurrency=1, slots=1)  # 4 hold a slot, 4 stand by
+    _faults(run, seconds)
+
+
+def pgbouncer(run: Run, seconds: float) -> None:
+    """Chaos with the workers behind PgBouncer in transaction mode."""
+    proc, url = start_pgbouncer(PG_URL, run.folder, pool_size=8)
+    try:
+        schema = run.url.split("schema=", 1)[1].split("&", 1)[0]
+        run.worker_url = f"{url}?schema={schema}&pgbouncer=1"
+        run.worker_extra = ["--no-listen"]
+        chaos(run, seconds)
+        run.drain(90)
+        run.stop_all()
+        run.worker_url, run.worker_extra = run.url, []  # the bouncer goes: drain directly
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def pg_restart(run: Run, seconds: float) -> None:
+    """The Postgres server stopped with -m immediate and started again, over and over."""
+    assert run.cluster is not None
+    for _ in range(2):
+        run.start_worker(False)
+    for _ in range(2):
+        run.start_worker(True)
+    end = time.monotonic() + seconds
+    next_stop = time.monotonic() + run.rng.uniform(1.0, 2.0)
+    while time.monotonic() < end:
+        run.flow()
+        if time.monotonic() >= next_stop:
+            run.cluster.stop("immediate")
+            run.fault("postgres stopped -m immediate")
+            time.sleep(run.rng.uniform(0.3, 2.5))
+            run.cluster.start()
+            next_stop = time.monotonic() + run.rng.uniform(2.0, 4.0)
+        time.sleep(0.05)
+
+
+def _faults(run: Run, seconds: float) -> None:
+    """The chaos loop: work flows; every 0.4-1.2 s a worker is killed (and replaced) or
+    stopped for 0.5-2.5 leases."""
     end = time.monotonic() + seconds
     next_fault = time.monotonic() + run.rng.uniform(0.5, 1.5)
     while time.monotonic() < end:
@@ -325,8 +426,7 @@ def chaos(run: Run, seconds: float) -> None:
                 w = run.rng.choice(candidates)
                 if run.rng.random() < 0.55:
                     run.kill(w)
-                    w.replaced = True
-                    run.start_worker(w.partitioned)
+                    run.replace(w)
                 else:
                     run.stop_for(w, run.rng.uniform(0.5, 2.5) * LEASE)
             next_fault = time.monotonic() + run.rng.uniform(0.4, 1.2)
@@ -383,15 +483,40 @@ def poison(run: Run, seconds: float) -> None:
         run.flow()
         for w in list(run.workers):
             if w.popen.poll() is not None and not w.replaced:
-                w.replaced = True
                 run.fault("killed by the poison job")
-                run.start_worker(w.partitioned)
+                run.replace(w)
         time.sleep(0.05)
 
 
 SCENARIOS: dict[str, Callable[[Run, float], None]] = {
-    "chaos": chaos, "failpoints": failpoint_kills, "poison": poison,
+    "chaos": chaos, "failpoints": failpoint_kills, "poison": poison, "skew": skew,
+    "crowd": crowd, "pgbouncer": pgbouncer, "pg-restart": pg_restart,
 }
+ONLY_ON = {"crowd": {"sqlite"}, "pgbouncer": {"postgres"}, "pg-restart": {"postgres"},
+           "skew": {"postgres", "mysql"}}
+"""Scenarios that are about some backends. Skew is about servers: SQLite's time is each
+process's own clock, and its processes share one machine, hence one clock."""
+
+
+def missing_tool(scenario: str) -> str | None:
+    """Why a scenario cannot run on this machine, or None."""
+    if scenario == "skew" and shutil.which("faketime") is None:
+        return "faketime is not installed (Debian: apt-get install faketime)"
+    if scenario == "pgbouncer" and pgbouncer_bin() is None:
+        return "pgbouncer is not installed (Debian: apt-get install pgbouncer)"
+    if scenario == "pg-restart" and pg_bin() is None:
+        return "initdb / pg_ctl are not installed (Debian: postgresql)"
+    return None
+
+
+@contextmanager
+def cluster_database() -> Iterator[tuple[str, Cluster]]:
+    """A throwaway Postgres cluster of this run's own (it will be stopped hard)."""
+    cluster = Cluster.create()
+    try:
+        yield cluster.url, cluster
+    finally:
+        cluster.destroy()
 
 
 def run_one(scenario: str, backend: str, seconds: float, seed: int, keep: Path | None) -> Result:
@@ -400,8 +525,10 @@ def run_one(scenario: str, backend: str, seconds: float, seed: int, keep: Path |
     result = Result(scenario, backend)
     started = time.monotonic()
     try:
-        with database(backend, folder) as url:
+        with (cluster_database() if scenario == "pg-restart"
+              else _no_cluster(database(backend, folder))) as (url, cluster):
             run = Run(url, folder, rng)
+            run.cluster = cluster
             try:
                 SCENARIOS[scenario](run, seconds)
                 if not run.live():
@@ -424,6 +551,12 @@ def run_one(scenario: str, backend: str, seconds: float, seed: int, keep: Path |
         shutil.copytree(folder, dest)
     shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+@contextmanager
+def _no_cluster(db: Any) -> Iterator[tuple[str, None]]:
+    with db as url:
+        yield url, None
 
 
 def table(results: list[Result]) -> str:
@@ -467,12 +600,12 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"no backend {b!r}; the backends are {', '.join(BACKENDS)}")
     print(f"torture: seed {seed}, {a.minutes:g} min, scenarios {', '.join(scenarios)}, "
           f"backends {', '.join(backends)}", flush=True)
-    runs = [(s, b) for b in backends for s in scenarios]
+    runs = [(s, b) for b in backends for s in scenarios if b in ONLY_ON.get(s, {b})]
     share = max(5.0, a.minutes * 60 / max(1, len(runs)))
     results: list[Result] = []
     skipped = 0
     for scenario, backend in runs:
-        why = reachable(backend)
+        why = missing_tool(scenario) or (None if scenario == "pg-restart" else reachable(backend))
         if why is not None:
             print(f"torture: SKIPPED {scenario} on {backend}: {why}", flush=True)
             skipped += 1
