@@ -81,6 +81,16 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back what is open. SQLite rolls a transaction back by itself on some errors
+    (a full disk, an I/O error): a ROLLBACK then would fail and hide the first error."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     msg = str(exc).lower()
     return "locked" in msg or "busy" in msg
@@ -170,16 +180,23 @@ class SQLiteDialect(Dialect):
         try:
             yield conn
         except sqlite3.OperationalError as exc:  # disk full, I/O error, lock trouble
-            conn.execute("ROLLBACK")
-            raise DatabaseUnavailable(f"SQLite: {exc}") from exc
+            _rollback(conn)
+            raise DatabaseUnavailable(self._explain(exc)) from exc
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
         try:
             conn.execute("COMMIT")
         except sqlite3.OperationalError as exc:
-            conn.execute("ROLLBACK")
-            raise DatabaseUnavailable(f"SQLite commit failed: {exc}") from exc
+            _rollback(conn)
+            raise DatabaseUnavailable(self._explain(exc, "commit failed")) from exc
+
+    def _explain(self, exc: sqlite3.OperationalError, what: str = "") -> str:
+        text = f"SQLite{' ' + what if what else ''}: {exc}"
+        if "full" in str(exc).lower():
+            text += (f" (the disk of {self.path} is full: nothing of this call was written; "
+                     "work resumes once there is space)")
+        return text
 
     def _read(self, sql: str, params: dict[str, Any] | Sequence[Any] = ()) -> list[sqlite3.Row]:
         self._ensure_schema()
@@ -266,15 +283,21 @@ class SQLiteDialect(Dialect):
         try:
             result = fn(c)
         except BaseException as exc:
-            c.execute("ROLLBACK TO justonce")
-            c.execute("RELEASE justonce")
+            if c.in_transaction:  # (a full disk rolls the whole transaction back itself)
+                try:
+                    c.execute("ROLLBACK TO justonce")
+                    c.execute("RELEASE justonce")
+                except sqlite3.Error:
+                    pass
             if own:
-                c.execute("ROLLBACK")
+                _rollback(c)
             if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
                 # A read transaction of the caller's that another writer overtook cannot
                 # become a write transaction: the caller must roll back and try again.
                 raise LockTimeout(f"SQLite: {exc} (start a write transaction with BEGIN IMMEDIATE "
                                   "before calling justonce on your connection)") from exc
+            if isinstance(exc, sqlite3.OperationalError):
+                raise DatabaseUnavailable(self._explain(exc)) from exc
             raise
         c.execute("RELEASE justonce")
         if own:
