@@ -24,6 +24,8 @@ EXPECTED = {
     "Lists", "ListInfo", "ListProgress", "ListCompletion", "ListRun", "Reservation",
     "ListExists", "ListNotFound", "ListNotSealed", "ListSealed", "StaleReservation",
     "PositionNotReserved",
+    # inside a task
+    "current_job",
 }
 
 
