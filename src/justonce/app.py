@@ -228,8 +228,7 @@ class App:
         task: str | None = None, limit: int = 50,
     ) -> list[Job]:
         st = validate.optional_state(state, JobState)
-        if not isinstance(limit, int) or not 1 <= limit <= 10000:
-            raise InvalidOption("limit must be in [1, 10000]")
+        limit = validate.count(limit, "limit", 10000)
         return self.backend.job_page(JobFilter(state=st, queue=queue, task=task), None, limit)
 
     def cancel(self, job_id: int) -> Job:

@@ -69,6 +69,8 @@ def parse_json(value: str | None, what: str, kind: type) -> Any:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=what) from None
+    except RecursionError:
+        raise click.BadParameter("nested too deep", param_hint=what) from None
     if not isinstance(parsed, kind):
         raise click.BadParameter(f"must be a JSON {'array' if kind is list else 'object'}",
                                  param_hint=what)

@@ -204,7 +204,7 @@ def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
     try:
         args_doc = _ENCODER.encode(args_list)
         kwargs_doc = _ENCODER.encode(kwargs_list)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         args_doc = kwargs_doc = ""
     if not args_doc or not _storable(args_doc) or not _storable(kwargs_doc) or (
             len(args_doc.encode()) + len(kwargs_doc.encode()) > MAX_PAYLOAD_BYTES) or (
