@@ -452,7 +452,7 @@ def failpoint_kills(run: Run, seconds: float) -> None:
                     run.fault(f"kill at {point}")
                 else:
                     run.fault(f"exited {w.popen.returncode} at {point}?")
-        while points and len(armed) < 2:
+        while points and len(armed) < 4:
             point = points.pop()
             # A partition point needs a slot (the other partitioned worker holds 2 of 4);
             # the others need the plain queue's work (retries, effects).
@@ -465,7 +465,7 @@ def failpoint_kills(run: Run, seconds: float) -> None:
                 if w.popen.pid in armed:
                     run.kill(w)
             break
-        time.sleep(0.05)
+        time.sleep(0.15)  # a lighter flow: the points are the faults here, not the backlog
     run.start_worker(False)
     run.start_worker(True)
 
