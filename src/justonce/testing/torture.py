@@ -32,6 +32,7 @@ machine's timing still varies. ``--keep DIR`` keeps each run's history and worke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -216,7 +217,7 @@ class Run:
 
     def kill(self, w: Worker) -> None:
         try:
-            os.kill(w.popen.pid, signal.SIGKILL)
+            os.killpg(w.popen.pid, signal.SIGKILL)
         except ProcessLookupError:
             return
         w.popen.wait(10)
@@ -224,7 +225,7 @@ class Run:
 
     def stop_for(self, w: Worker, seconds: float) -> None:
         try:
-            os.kill(w.popen.pid, signal.SIGSTOP)
+            os.killpg(w.popen.pid, signal.SIGSTOP)
         except ProcessLookupError:
             return
         w.stopped_until = time.monotonic() + seconds
@@ -236,20 +237,22 @@ class Run:
             if w.stopped_until is not None and (everyone or now >= w.stopped_until):
                 w.stopped_until = None
                 try:
-                    os.kill(w.popen.pid, signal.SIGCONT)
+                    os.killpg(w.popen.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
 
     def stop_all(self) -> None:
         self.wake_due(everyone=True)
         for w in self.live():
-            w.popen.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
         for w in self.workers:
             try:
                 w.popen.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                w.popen.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(w.popen.pid, signal.SIGKILL)
                 w.popen.wait(10)
 
     # -- work ------------------------------------------------------------------------
@@ -339,9 +342,12 @@ class Run:
                                       item=i, accepted=True)
 
     def close(self) -> None:
+        # Each worker leads its own process group (a faketime wrapper and its python):
+        # kill every group, whether or not its leader is still there.
         for w in self.workers:
-            if w.popen.poll() is None:
-                w.popen.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.popen.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 w.popen.wait(10)
         self.app.close()
 

@@ -166,7 +166,7 @@ class PostgresDialect(Dialect):
         """Whether a connection the pool lends is dead. After a server restart every pooled
         connection's socket is closed, and the first statement sent on each would fail. An
         idle connection has nothing to read: a readable socket (the server's goodbye, or
-        end of file) means it is dead. The common case costs one non-blocking select(), no
+        end of file) means it is dead. The common case costs one non-blocking poll(), no
         round trip; a connection idle past IDLE_CHECK (a network may have dropped it
         silently) is checked with a round trip."""
         since = self._idle_since.get(conn)
@@ -176,7 +176,10 @@ class PostgresDialect(Dialect):
             if time.monotonic() - since >= IDLE_CHECK:
                 ConnectionPool.check_connection(conn)
                 return False
-            readable, _, _ = select.select([conn.fileno()], [], [], 0)
+            # poll(), not select(): a process may hold more than FD_SETSIZE descriptors.
+            watch = select.poll()
+            watch.register(conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLERR)
+            readable = watch.poll(0)
         except (OSError, ValueError, psycopg.Error):
             return True
         return bool(readable)
