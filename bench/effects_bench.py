@@ -25,9 +25,11 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from justonce.testing.databases import fresh_database
 
 PG_SERVER = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 MY_SERVER = os.environ.get("MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
@@ -37,34 +39,9 @@ NAMES = {"sqlite": "SQLite FULL", "postgres": "PostgreSQL", "mysql": "MariaDB/My
 @contextlib.contextmanager
 def database(backend: str) -> Iterator[str]:
     """A fresh, empty database of ``backend``: its justonce URL, dropped afterwards."""
-    if backend == "sqlite":
-        with tempfile.TemporaryDirectory() as d:
-            yield f"sqlite:///{d}/effects.db"
-        return
-    if backend == "postgres":
-        import psycopg
-
-        schema = f"bench_effects_{uuid.uuid4().hex[:8]}"
-        sep = "&" if "?" in PG_SERVER else "?"
-        try:
-            yield f"{PG_SERVER}{sep}schema={schema}"
-        finally:
-            with psycopg.connect(PG_SERVER, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        return
-    import pymysql
-
-    from justonce.backends.mysql.backend import parse_mysql_url
-
-    kwargs, _ = parse_mysql_url(MY_SERVER)
-    name = f"bench_effects_{uuid.uuid4().hex[:8]}"
-    with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-    try:
-        yield f"{MY_SERVER.split('?', 1)[0].rsplit('/', 1)[0]}/{name}"
-    finally:
-        with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    with tempfile.TemporaryDirectory() as d, fresh_database(
+            backend, Path(d), postgres=PG_SERVER, mysql=MY_SERVER, prefix="bench_effects") as url:
+        yield url
 
 
 def noop(idempotency_key: str) -> None:

@@ -17,13 +17,13 @@ import sys
 import threading
 import time
 import traceback
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pymysql
+
+from justonce.testing.databases import fresh_mysql
 
 TASK_NAME = "bench_noop"
 DEADLOCK, LOCK_WAIT = 1213, 1205
@@ -64,20 +64,9 @@ def server_version(url: str) -> str:
         return str(cur.fetchone()[0])
 
 
-@contextmanager
-def fresh_database(server_url: str) -> Iterator[str]:
+def fresh_database(server_url: str) -> AbstractContextManager[str]:
     """``CREATE DATABASE jo_bench_<random>`` on the server of ``server_url``; its URL; dropped after."""
-    kwargs = connect_kwargs(server_url)
-    kwargs.pop("database")
-    name = f"jo_bench_{uuid.uuid4().hex[:10]}"
-    with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-    base = server_url.split("?", 1)[0].rsplit("/", 1)[0]
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    return fresh_mysql(server_url, "jo_bench")
 
 
 # ---- what reached the user ---------------------------------------------------------------------

@@ -28,9 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+from justonce.testing.databases import fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_SERVER = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -41,35 +42,9 @@ NAMES = {"sqlite": "SQLite FULL", "postgres": "PostgreSQL", "mysql": "MariaDB/My
 @contextlib.contextmanager
 def database(backend: str) -> Iterator[str]:
     """A fresh, empty database of ``backend``: its justonce URL, dropped afterwards."""
-    if backend == "sqlite":
-        with tempfile.TemporaryDirectory() as d:
-            yield f"sqlite:///{d}/push.db"
-        return
-    name = "push_" + uuid.uuid4().hex[:8]
-    if backend == "postgres":
-        import psycopg
-
-        with psycopg.connect(PG_SERVER, autocommit=True) as c:
-            c.execute(f"CREATE SCHEMA {name}")
-        try:
-            yield f"{PG_SERVER}?schema={name}"
-        finally:
-            with psycopg.connect(PG_SERVER, autocommit=True) as c:
-                c.execute(f"DROP SCHEMA {name} CASCADE")
-        return
-    import pymysql
-
-    from justonce.backends.mysql.backend import parse_mysql_url
-
-    kwargs, _ = parse_mysql_url(MY_SERVER)
-    kwargs.pop("database", None)
-    with contextlib.closing(pymysql.connect(**kwargs, autocommit=True)) as c:
-        c.cursor().execute(f"CREATE DATABASE {name}")
-    try:
-        yield MY_SERVER.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with contextlib.closing(pymysql.connect(**kwargs, autocommit=True)) as c:
-            c.cursor().execute(f"DROP DATABASE {name}")
+    with tempfile.TemporaryDirectory() as d, fresh_database(
+            backend, Path(d), postgres=PG_SERVER, mysql=MY_SERVER, prefix="push") as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fleet import Fleet, Procs, fleet_on  # noqa: E402
 from justonce import App, Worker  # noqa: E402
+from justonce.testing.databases import fresh_mysql  # noqa: E402
 from pgcluster import DEFAULT_URL, Cluster, can_connect, pg_bin  # noqa: E402
 
 LONG = os.environ.get("JUSTONCE_LONG_TESTS") == "1"
@@ -84,23 +85,9 @@ def mysql_or_skip() -> str:
     return url
 
 
-@contextmanager
-def mysql_database(server: str) -> Iterator[str]:
+def mysql_database(server: str) -> AbstractContextManager[str]:
     """A fresh database of its own on the server, dropped afterwards: its URL."""
-    import pymysql
-
-    from justonce.backends.mysql.backend import parse_mysql_url
-
-    kwargs, _ = parse_mysql_url(server)
-    name = f"jo_{uuid.uuid4().hex[:12]}"
-    with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-    base = server.split("?", 1)[0].rsplit("/", 1)[0]
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    return fresh_mysql(server)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

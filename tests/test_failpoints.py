@@ -61,6 +61,17 @@ def test_a_bad_setting_stops_the_process_at_import_with_the_message() -> None:
     assert "JUSTONCE_FAILPOINTS_SEED must be an integer" in out.stderr
 
 
+def raises(point: str, times: int) -> int:
+    """How many of ``times`` hits of ``point`` raised."""
+    n = 0
+    for _ in range(times):
+        try:
+            failpoints.hit(point)
+        except FailpointError:
+            n += 1
+    return n
+
+
 def test_raise_counts_and_chances_act_as_set() -> None:
     failpoints.configure("batch.before_seal=2*raise")
     for _ in range(2):
@@ -69,21 +80,10 @@ def test_raise_counts_and_chances_act_as_set() -> None:
     failpoints.hit("batch.before_seal")  # spent
     failpoints.hit("effect.after_fn")  # not configured
     failpoints.configure("batch.before_seal=30%raise", seed=7)
-    raised = 0
-    for _ in range(2000):
-        try:
-            failpoints.hit("batch.before_seal")
-        except FailpointError:
-            raised += 1
+    raised = raises("batch.before_seal", 2000)
     assert 450 < raised < 750, raised
     failpoints.configure("batch.before_seal=30%raise", seed=7)
-    again = 0
-    for _ in range(2000):
-        try:
-            failpoints.hit("batch.before_seal")
-        except FailpointError:
-            again += 1
-    assert again == raised  # the seed replays the draws
+    assert raises("batch.before_seal", 2000) == raised  # the seed replays the draws
     failpoints.configure("job.before_start=sleep(150)")
     t0 = time.monotonic()
     failpoints.hit("job.before_start")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import proc_app
-from justonce import DatabaseUnavailable, Enqueue
+from justonce import App, DatabaseUnavailable, Enqueue
 from pgcluster import Cluster, pg_bin
 from test_processes import Fleet, ledger, state_counts, wait_for
 
@@ -91,6 +91,17 @@ def test_postgres_restart_under_a_running_worker_it_reconnects_and_all_jobs_succ
         app.close()
 
 
+def unavailable(app: App, calls: int) -> int:
+    """How many of ``calls`` plain reads failed with DatabaseUnavailable."""
+    failures = 0
+    for _ in range(calls):
+        try:
+            app.queue_counts()
+        except DatabaseUnavailable:
+            failures += 1
+    return failures
+
+
 def test_after_a_restart_no_call_fails_on_a_dead_pooled_connection(cluster: Cluster) -> None:
     """Every connection of the pool was open before the restart. Idle past IDLE_CHECK, each
     is checked before it is lent (a dead one is replaced), so once the server answers no
@@ -113,12 +124,7 @@ def test_after_a_restart_no_call_fails_on_a_dead_pooled_connection(cluster: Clus
         for t in threads:
             t.join()
         cluster.restart()
-        failures = 0
-        for _ in range(12):
-            try:
-                app.queue_counts()
-            except DatabaseUnavailable:
-                failures += 1
+        failures = unavailable(app, 12)
         assert failures == 0
 
         # Used just before the server went away (not idle long enough to be checked).
@@ -127,12 +133,7 @@ def test_after_a_restart_no_call_fails_on_a_dead_pooled_connection(cluster: Clus
             t.join()
         cluster.stop("immediate")
         cluster.start()
-        failures = 0
-        for _ in range(12):
-            try:
-                app.queue_counts()
-            except DatabaseUnavailable:
-                failures += 1
+        failures = unavailable(app, 12)
         assert failures <= 1
     finally:
         app.close()

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +171,17 @@ def _per_job(by: dict[str, list[Line]], ev: str) -> dict[Any, list[Line]]:
     return out
 
 
+def _no_loss(r: Report, added: dict[Any, Line], finals: dict[Any, Line], terminal: Any,
+             name: Callable[[Any], str]) -> None:
+    """Everything added reached a final state, and a terminal one."""
+    for k, a in added.items():
+        f = finals.get(k)
+        if f is None:
+            r.add("no loss", f"{name(k)} has no final state", a)
+        elif f["state"] not in terminal:
+            r.add("no loss", f"{name(k)} ended {f['state']!r}, not finished", a, f)
+
+
 def _jobs(r: Report, by: dict[str, list[Line]]) -> None:
     enq = {line["job"]: line for line in by.get("enqueue", [])}
     final = {line["job"]: line for line in by.get("final", [])}
@@ -179,12 +190,7 @@ def _jobs(r: Report, by: dict[str, list[Line]]) -> None:
     r.counts["jobs"] = len(enq)
     r.counts["starts"] = len(by.get("start", []))
 
-    for job, e in enq.items():
-        f = final.get(job)
-        if f is None:
-            r.add("no loss", f"job {job} was enqueued and has no final state", e)
-        elif f["state"] not in TERMINAL:
-            r.add("no loss", f"job {job} ended {f['state']!r}, not finished", e, f)
+    _no_loss(r, enq, final, TERMINAL, lambda job: f"job {job}")
 
     for job in set(completes) | set(fails):
         ok = [c for c in completes.get(job, []) if c["accepted"]]
@@ -356,12 +362,7 @@ def _lists(r: Report, by: dict[str, list[Line]]) -> None:
     adds = {_key(x, "list", "item"): x for x in by.get("list_add", [])}
     finals = {_key(x, "list", "item"): x for x in by.get("list_final", [])}
     r.counts["list_items"] = len(adds)
-    for k, a in adds.items():
-        f = finals.get(k)
-        if f is None:
-            r.add("no loss", f"list {k[0]!r} item {k[1]} has no final state", a)
-        elif f["state"] not in LIST_TERMINAL:
-            r.add("no loss", f"list {k[0]!r} item {k[1]} ended {f['state']!r}", a, f)
+    _no_loss(r, adds, finals, LIST_TERMINAL, lambda k: f"list {k[0]!r} item {k[1]}")
     seen: dict[tuple[Any, ...], Line] = {}
     for line in by.get("list_complete", []):
         if not line["accepted"]:

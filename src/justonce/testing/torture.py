@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -51,13 +50,13 @@ from typing import Any
 from .. import App, DatabaseUnavailable, Enqueue
 from ..failpoints import POINTS
 from . import check as checker
+from .databases import BACKENDS, fresh_database
 from .history import Recorder, read
 from .pgbouncer import pgbouncer_bin, start_pgbouncer
 from .pgcluster import Cluster, pg_bin
 
 PG_URL = os.environ.get("JUSTONCE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 MYSQL_URL = os.environ.get("JUSTONCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
-BACKENDS = ("sqlite", "postgres", "mysql")
 LEASE, HEARTBEAT = 2.0, 0.5
 KEYS = [f"k{i}" for i in range(12)]
 WORKER_POINTS = [p for p in POINTS if p.split(".")[0] in ("job", "ack", "fail", "heartbeat",
@@ -72,35 +71,8 @@ WORKER_POINTS = [p for p in POINTS if p.split(".")[0] in ("job", "ack", "fail", 
 @contextmanager
 def database(backend: str, folder: Path) -> Iterator[str]:
     """A fresh, empty database of ``backend``: its URL; dropped afterwards."""
-    if backend == "sqlite":
-        yield f"sqlite:///{folder / 'torture.db'}"
-    elif backend == "postgres":
-        import psycopg
-
-        schema = f"torture_{uuid.uuid4().hex[:10]}"
-        sep = "&" if "?" in PG_URL else "?"
-        try:
-            yield f"{PG_URL}{sep}schema={schema}"
-        finally:
-            with psycopg.connect(PG_URL, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    elif backend == "mysql":
-        import pymysql
-
-        from ..backends.mysql.backend import parse_mysql_url
-
-        kwargs, _ = parse_mysql_url(MYSQL_URL)
-        name = f"torture_{uuid.uuid4().hex[:10]}"
-        with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-        base = MYSQL_URL.split("?", 1)[0].rsplit("/", 1)[0]
-        try:
-            yield f"{base}/{name}"
-        finally:
-            with pymysql.connect(**kwargs, autocommit=True) as conn, conn.cursor() as cur:
-                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
-    else:
-        raise ValueError(f"unknown backend {backend!r}; the backends are {', '.join(BACKENDS)}")
+    with fresh_database(backend, folder, postgres=PG_URL, mysql=MYSQL_URL, prefix="torture") as url:
+        yield url
 
 
 def reachable(backend: str) -> str | None:
@@ -329,14 +301,17 @@ class Run:
                     acked[job] = line.t
                 else:
                     acked.setdefault(job, line.t)
+        states: dict[int, str] = {}
         for job_id in sorted(self.jobs):
             j = self.app.get_job(job_id)
-            self.history.record("final", job=job_id, state=str(j.state), attempts=j.attempts,
+            states[job_id] = str(j.state)
+            self.history.record("final", job=job_id, state=states[job_id], attempts=j.attempts,
                                 max_attempts=j.max_attempts)
         for batch_id, ids in self.batches.items():
             self.history.record("batch_items", batch=str(batch_id), n=len(ids))
             for i, job_id in enumerate(ids):
-                if str(self.app.get_job(job_id).state) == "succeeded" and job_id in acked:
+                state = states.get(job_id) or str(self.app.get_job(job_id).state)
+                if state == "succeeded" and job_id in acked:
                     # The item was acked in the transaction that accepted its job's success.
                     self.history.line("batch_ack", t=acked[job_id], batch=str(batch_id),
                                       item=i, accepted=True)
