@@ -1143,5 +1143,5 @@ SELECT chunk, bits FROM justonce_batch_chunks
 
 -- name: lists_prune_done
 DELETE FROM justonce_list_reservations
- WHERE state = 'done' AND updated_at < NOW(6) - INTERVAL ROUND(%(retention)s * 1000000) MICROSECOND
+ WHERE state = 'done' AND updated_at <= NOW(6) - INTERVAL ROUND(%(retention)s * 1000000) MICROSECOND
  LIMIT %(limit)s;

@@ -1213,7 +1213,7 @@ SELECT chunk, bits FROM justonce_batch_chunks
 -- name: lists_prune_done
 DELETE FROM justonce_list_reservations
  WHERE id IN (SELECT id FROM justonce_list_reservations
-               WHERE state = 'done' AND updated_at < now() - %(retention)s * interval '1 second'
+               WHERE state = 'done' AND updated_at <= now() - %(retention)s * interval '1 second'
                LIMIT %(limit)s)
 
 -- name: list_reserve_fresh

@@ -899,5 +899,5 @@ SELECT chunk, bits FROM justonce_batch_chunks
 -- name: lists_prune_done
 DELETE FROM justonce_list_reservations
  WHERE id IN (SELECT id FROM justonce_list_reservations
-               WHERE state = 'done' AND updated_at < NOW() - :retention
+               WHERE state = 'done' AND updated_at <= NOW() - :retention
                LIMIT :limit)
