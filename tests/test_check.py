@@ -141,6 +141,13 @@ CASES = {
         plant(clean(), change=setting("complete", {"job": 2, "token": 1}, accepted=True)),
         plant(clean(), add=[{"ev": "effect_done", "t": 2.3, "scope": "mail", "key": "u1", "token": 1,
                              "accepted": True}]),
+        # list item 0 re-reserved by token 9 (its first reservation timed out) and newly
+        # done again: one of the two completions should have been refused
+        plant(clean(), add=[{"ev": "list_reserve", "t": 3.0, "pid": Q, "list": "L", "item": 0, "token": 9},
+                            {"ev": "list_complete", "t": 3.2, "pid": Q, "list": "L", "item": 0, "token": 9,
+                             "accepted": True}]),
+        plant(clean(), add=[{"ev": "list_complete", "t": 2.7, "list": "L", "item": 0, "token": 7,
+                             "accepted": True}]),
     ],
     "one live holder per slot and epoch": [
         # slot 0's token 2 acquired (db time 3.0) while token 1 held it until 3.5

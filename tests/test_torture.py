@@ -14,14 +14,16 @@ from collections.abc import Callable
 import pytest
 
 from conftest import LONG, REQUIRE_MYSQL, REQUIRE_PG, mysql_or_skip, postgres_or_skip
+from justonce.testing.netns import unavailable as netns_unavailable
 from justonce.testing.torture import ONLY_ON, SCENARIOS
 
 pytestmark = pytest.mark.slow
 
 MINUTES = os.environ.get("JUSTONCE_TORTURE_MINUTES", "3" if LONG else "0.2")
-"""The short form (CI, about a minute): chaos (random kill -9 and SIGSTOP) on every backend
-and a kill at every failpoint on SQLite. JUSTONCE_LONG_TESTS=1 runs every scenario on every
-backend (failpoints, poison, skew, crowd, pgbouncer, pg-restart too)."""
+"""The short form (CI, about a minute and a half): chaos (random kill -9 and SIGSTOP) on every
+backend, a kill at every failpoint on SQLite, and a worker host cut off from Postgres.
+JUSTONCE_LONG_TESTS=1 runs every scenario on every backend (failpoints, poison, skew, crowd,
+pgbouncer, pg-restart, cut-off too)."""
 
 
 def test_every_scenario_on_every_backend_ends_with_no_violation() -> None:
@@ -37,6 +39,14 @@ def test_every_scenario_on_every_backend_ends_with_no_violation() -> None:
         env["JUSTONCE_TEST_MYSQL_URL"] = my
     runs = ([(list(SCENARIOS), backends)] if LONG else
             [(["chaos"], backends), (["failpoints"], ["sqlite"])])
+    if not LONG and pg is not None:
+        why = netns_unavailable()
+        if why is None:
+            runs.append((["cut-off"], ["postgres"]))
+        elif REQUIRE_PG:
+            pytest.fail(f"the cut-off scenario cannot run here: {why}")
+        else:
+            print(f"SKIPPED the cut-off scenario: {why}", file=sys.stderr)
     for scenarios, on in runs:
         table = _torture(scenarios, on, env)
         expected = [(sc, b) for b in on for sc in scenarios if b in ONLY_ON.get(sc, {b})]
@@ -49,6 +59,8 @@ def test_every_scenario_on_every_backend_ends_with_no_violation() -> None:
                 assert "not reached" not in faults and "exited" not in faults, row
             if scenario == "pg-restart":
                 assert "postgres stopped -m immediate" in faults, row
+            if scenario == "cut-off":
+                assert "link cut" in faults, row
 
 
 def _torture(scenarios: list[str], backends: list[str], env: dict[str, str]) -> list[str]:

@@ -40,7 +40,8 @@ The rules (each violation is printed with its smallest witness, the lines that p
 - ``at most one effect per key``: ``effect`` lines per (scope, key) at most 1 + the redo
   resolutions of the key (unless its ``effect_start`` says mode at_least_once).
 - ``no accepted write with an old token``: at most one accepted write per (job, token), and
-  per (effect key, token), (list item, token); an accepted complete or fail of token k is a
+  per (effect key, token); at most one accepted completion per list item, whatever its
+  token (an item is newly done once; a repeat is reported as already done); an accepted complete or fail of token k is a
   violation when a claim of the same job with a greater token was logged before the ``end``
   of token k (that claim committed before the write was sent).
 - ``one live holder per slot and epoch``: per (set, slot) a token is held by one process;
@@ -367,11 +368,18 @@ def _lists(r: Report, by: dict[str, list[Line]]) -> None:
     for line in by.get("list_complete", []):
         if not line["accepted"]:
             continue
-        k = _key(line, "list", "item", "token")
-        if k in seen:
+        k = _key(line, "list", "item")
+        first = seen.get(k)
+        if first is not None:
+            # An item is newly done once: a second accepted completion, with its own token
+            # or another reservation's, is a write that should have been refused.
+            same = first["token"] == line["token"]
             r.add("no accepted write with an old token", f"list {k[0]!r} item {k[1]}: two "
-                  f"accepted completions with token {k[2]}", seen[k], line)
-        seen[k] = line
+                  "accepted completions, " + (f"both with token {line['token']}" if same else
+                                              f"with tokens {first['token']} and {line['token']}"),
+                  first, line)
+        else:
+            seen[k] = line
 
 
 def main(argv: Iterable[str] | None = None) -> int:

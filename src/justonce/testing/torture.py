@@ -23,7 +23,11 @@ Scenarios:
 - ``pgbouncer`` (Postgres): chaos with the workers behind PgBouncer in transaction mode
   (``?pgbouncer=1``, ``--no-listen``);
 - ``pg-restart`` (Postgres, a throwaway cluster started here): the server stopped with
-  ``pg_ctl -m immediate`` and started again, again and again, under working workers.
+  ``pg_ctl -m immediate`` and started again, again and again, under working workers;
+- ``cut-off`` (Postgres, MySQL; root): workers on a host of their own (a network
+  namespace made here, one veth link to this host) holding the partition slots, the link
+  dropped for twice the lease and restored, again and again (:mod:`justonce.testing.netns`);
+  packets are lost, not refused, so their connections hang as on a real network failure.
 
 ``--seed`` makes the faults (which worker, when, how long) and the work replayable; the
 machine's timing still varies. ``--keep DIR`` keeps each run's history and worker logs.
@@ -46,12 +50,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .. import App, DatabaseUnavailable, Enqueue
 from ..failpoints import POINTS
 from . import check as checker
 from .databases import BACKENDS, fresh_database
 from .history import Recorder, read
+from .netns import CutOffHost
+from .netns import unavailable as netns_unavailable
 from .pgbouncer import pgbouncer_bin, start_pgbouncer
 from .pgcluster import Cluster, pg_bin
 
@@ -59,10 +66,15 @@ PG_URL = os.environ.get("JUSTONCE_TEST_POSTGRES_URL", "postgresql://postgres@127
 MYSQL_URL = os.environ.get("JUSTONCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 LEASE, HEARTBEAT = 2.0, 0.5
 KEYS = [f"k{i}" for i in range(12)]
+LIST_ITEMS = 12
+LIST_TTR = 3.0
+"""A list reservation's time to run: longer than a job's lease, shorter than the longest
+stop, so a stopped worker's reservation times out and is handed out again."""
 WORKER_POINTS = [p for p in POINTS if p.split(".")[0] in ("job", "ack", "fail", "heartbeat",
-                                                          "partition", "effect")
-                 and p != "effect.after_chunk"]
-"""The failpoints a workload worker passes (run_many's chunk point is not on its path)."""
+                                                          "partition", "effect", "list")
+                 and p not in ("effect.after_chunk", "list.after_append_chunk")]
+"""The failpoints a workload worker passes (run_many's chunk point and a list load's are
+not on its path)."""
 
 
 # -- databases ------------------------------------------------------------------------------
@@ -107,6 +119,7 @@ class Worker:
     concurrency: int = 2
     slots: int = 2
     skew: float = 0.0
+    host: CutOffHost | None = None
 
 
 @dataclass
@@ -138,6 +151,8 @@ class Run:
         self.faults: dict[str, int] = {}
         self.jobs: dict[int, tuple[str | None, int]] = {}  # id -> (key, max_attempts)
         self.batches: dict[int, list[int]] = {}
+        self.lists: dict[str, int] = {}  # name -> items
+        self.open_lists: set[str] = set()
         self.n = 0
         self._logs = 0
         self.worker_url = url
@@ -146,17 +161,20 @@ class Run:
 
     # -- workers ---------------------------------------------------------------------
     def start_worker(self, partitioned: bool, points: str | None = None, *,
-                     concurrency: int = 2, slots: int = 2, skew: float = 0.0) -> Worker:
+                     concurrency: int = 2, slots: int = 2, skew: float = 0.0,
+                     host: CutOffHost | None = None) -> Worker:
         """A ``justonce worker`` process: on the keyed queue with ``slots`` of the 4 slots,
         or on the plain queue; ``points``: its JUSTONCE_FAILPOINTS; ``skew``: seconds its
-        wall clock runs ahead (faketime)."""
+        wall clock runs ahead (faketime); ``host``: the network namespace it runs in (its
+        only way to the database is that namespace's link)."""
         env = dict(os.environ, JUSTONCE_HISTORY=str(self.history_path))
         for name in ("JUSTONCE_FAILPOINTS", "JUSTONCE_DATABASE_URL", "JUSTONCE_HISTORY_SKEW"):
             env.pop(name, None)
         if points:
             env["JUSTONCE_FAILPOINTS"] = points
         cmd = [sys.executable, "-m", "justonce", "worker", "--app",
-               "justonce.testing.workload:app", "--database-url", self.worker_url,
+               "justonce.testing.workload:app", "--database-url",
+               host.url(self.worker_url) if host is not None else self.worker_url,
                "--concurrency", str(concurrency), "--lease", str(LEASE), "--heartbeat",
                str(HEARTBEAT), "--poll", "0.1", "--housekeeping-interval", "0.3", "--grace",
                "5", "--log-level", "WARNING", *self.worker_extra]
@@ -167,11 +185,14 @@ class Run:
             env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
             env["JUSTONCE_HISTORY_SKEW"] = str(skew)
             cmd = ["faketime", "-f", f"{skew:+.0f}", *cmd]
+        if host is not None:
+            cmd = host.command(cmd)
         self._logs += 1
         with open(self.folder / f"worker-{self._logs}.log", "wb") as log:
             popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=log, start_new_session=True)
-        w = Worker(popen, partitioned, points, concurrency=concurrency, slots=slots, skew=skew)
+        w = Worker(popen, partitioned, points, concurrency=concurrency, slots=slots, skew=skew,
+                   host=host)
         self.workers.append(w)
         return w
 
@@ -179,7 +200,7 @@ class Run:
         """A worker like ``w`` (without its failpoints), for one that died."""
         w.replaced = True
         return self.start_worker(w.partitioned, concurrency=w.concurrency, slots=w.slots,
-                                 skew=w.skew)
+                                 skew=w.skew, host=w.host)
 
     def live(self) -> list[Worker]:
         return [w for w in self.workers if w.popen.poll() is None]
@@ -267,15 +288,36 @@ class Run:
             for job_id in ids:
                 self.jobs[job_id] = (None, 5)
                 self.history.record("enqueue", job=job_id, key=None, max_attempts=5)
+        if self.rng.random() < 0.04 and len(self.open_lists) < 3:
+            name = f"torture-{self.n}"
+            self.app.lists.create(name, items=range(LIST_ITEMS), ttr=LIST_TTR)
+            self.lists[name] = LIST_ITEMS
+            self.open_lists.add(name)
+            for i in range(LIST_ITEMS):
+                self.history.record("list_add", list=name, item=i)
+        self.feed_lists()
+
+    def feed_lists(self) -> None:
+        """A job to take a part of each list not yet completed (positions held by a
+        worker that died or stopped are handed out again after their time to run)."""
+        for name in sorted(self.open_lists):
+            if self.app.lists.get(name).state == "completed":
+                self.open_lists.discard(name)
+            elif self.rng.random() < 0.5:
+                self.n += 1
+                self.enqueue("list_part", [name, 3])
 
     def backlog(self) -> int:
+        """Jobs not finished, and lists not completed; -1 when the database cannot say."""
         busy = {"ready", "running", "scheduled"}
         try:
             counts = self.app.queue_counts()
+            if self.open_lists:
+                self.feed_lists()
         except DatabaseUnavailable:
             return -1
-        return sum(qc.count for qc in counts
-                   if str(qc.state) in busy and qc.queue.startswith("torture"))
+        return len(self.open_lists) + sum(qc.count for qc in counts
+                                          if str(qc.state) in busy and qc.queue.startswith("torture"))
 
     def drain(self, timeout: float) -> bool:
         """Let the work finish without faults; False if it did not within ``timeout``."""
@@ -307,6 +349,17 @@ class Run:
             states[job_id] = str(j.state)
             self.history.record("final", job=job_id, state=states[job_id], attempts=j.attempts,
                                 max_attempts=j.max_attempts)
+        for name, n in self.lists.items():
+            info = self.app.lists.get(name)
+            buried = {p for b in self.app.lists.buried(name, limit=1000)
+                      for lo, hi in b.ranges for p in range(lo, hi)}
+            # Done when the list completed, or when done and buried make up the whole list;
+            # else every position not buried is reported as still to do (a loss).
+            rest = ("done" if info.progress.done + info.progress.buried == info.progress.total
+                    else f"not done ({info.state}: {info.progress})")
+            for i in range(n):
+                self.history.record("list_final", list=name, item=i,
+                                    state="buried" if i in buried else rest)
         for batch_id, ids in self.batches.items():
             self.history.record("batch_items", batch=str(batch_id), n=len(ids))
             for i, job_id in enumerate(ids):
@@ -393,6 +446,51 @@ def pg_restart(run: Run, seconds: float) -> None:
         time.sleep(0.05)
 
 
+def cut_off(run: Run, seconds: float) -> None:
+    """Workers on a host of their own (a network namespace) whose link to the database is
+    dropped for twice the lease and restored, again and again, while the workers on this
+    host carry on and take over their jobs and slots.
+
+    Each round: the cut-off host's two partitioned workers hold the 4 slots; the link is
+    cut for two leases (this host's two partitioned workers take the slots over); it comes
+    back (the cut-off workers find their slots gone and their late writes refused); then
+    this host's partitioned workers are killed and, a lease later, replaced, so the slots
+    go back to the cut-off host for the next round."""
+    server = urlsplit(run.url)
+    port = server.port or (5432 if server.scheme.startswith("postgres") else 3306)
+    with CutOffHost(server.hostname or "127.0.0.1", port) as host:
+        run.start_worker(False, host=host)
+        for _ in range(2):
+            run.start_worker(True, host=host)
+        time.sleep(1.5)  # the cut-off host's workers take the 4 slots first
+        for _ in range(2):
+            run.start_worker(False)
+        here = [run.start_worker(True) for _ in range(2)]
+        end = time.monotonic() + seconds
+        step, due = "cut", time.monotonic() + run.rng.uniform(1.0, 2.0)
+        while time.monotonic() < end or step != "cut":
+            run.flow()
+            now = time.monotonic()
+            if now < due:
+                time.sleep(0.05)
+            elif step == "cut":
+                host.cut()
+                run.fault(f"link cut for {2 * LEASE:g} s")
+                step, due = "restore", now + 2 * LEASE
+            elif step == "restore":
+                host.restore()
+                step, due = "hand back", now + run.rng.uniform(1.0, 2.0)
+            elif step == "hand back":
+                for w in here:
+                    run.kill(w)
+                step, due = "replace", now + LEASE + 1.5
+            else:
+                here = [run.replace(w) for w in here]
+                step, due = "cut", now + run.rng.uniform(1.5, 3.0)
+        run.drain(90)  # while the namespace's workers still have their link
+        run.stop_all()
+
+
 def _faults(run: Run, seconds: float) -> None:
     """The chaos loop: work flows; every 0.4-1.2 s a worker is killed (and replaced) or
     stopped for 0.5-2.5 leases."""
@@ -471,12 +569,13 @@ def poison(run: Run, seconds: float) -> None:
 
 SCENARIOS: dict[str, Callable[[Run, float], None]] = {
     "chaos": chaos, "failpoints": failpoint_kills, "poison": poison, "skew": skew,
-    "crowd": crowd, "pgbouncer": pgbouncer, "pg-restart": pg_restart,
+    "crowd": crowd, "pgbouncer": pgbouncer, "pg-restart": pg_restart, "cut-off": cut_off,
 }
 ONLY_ON = {"crowd": {"sqlite"}, "pgbouncer": {"postgres"}, "pg-restart": {"postgres"},
-           "skew": {"postgres", "mysql"}}
-"""Scenarios that are about some backends. Skew is about servers: SQLite's time is each
-process's own clock, and its processes share one machine, hence one clock."""
+           "skew": {"postgres", "mysql"}, "cut-off": {"postgres", "mysql"}}
+"""Scenarios that are about some backends. Skew and cut-off are about servers: SQLite's
+time is each process's own clock, its processes share one machine, hence one clock, and
+they reach the file through no network."""
 
 
 def missing_tool(scenario: str) -> str | None:
@@ -487,6 +586,8 @@ def missing_tool(scenario: str) -> str | None:
         return "pgbouncer is not installed (Debian: apt-get install pgbouncer)"
     if scenario == "pg-restart" and pg_bin() is None:
         return "initdb / pg_ctl are not installed (Debian: postgresql)"
+    if scenario == "cut-off":
+        return netns_unavailable()
     return None
 
 
@@ -541,14 +642,14 @@ def _no_cluster(db: Any) -> Iterator[tuple[str, None]]:
 
 
 def table(results: list[Result]) -> str:
-    rows = ["| scenario | backend | faults injected | jobs / effects / acks / slots checked | violations |",
-            "|---|---|---|---|---|"]
+    rows = ["| scenario | backend | faults injected | jobs / effects / acks / slots / list items "
+            "checked | violations |", "|---|---|---|---|---|"]
     for r in results:
         faults = ", ".join(f"{n} {k}" for k, n in sorted(r.faults.items())) or "none"
         if r.report is not None:
             c = r.report.counts
             checked = (f"{c.get('jobs', 0)} / {c.get('effects', 0)} / {c.get('acks', 0)} / "
-                       f"{c.get('slots', 0)}")
+                       f"{c.get('slots', 0)} / {c.get('list_items', 0)}")
         else:
             checked = "-"
         v = r.violations if r.error is None else f"{r.violations} ({r.error})"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .. import App, Backoff, current_job
+from .. import App, Backoff, StaleReservation, current_job
 from ..events import Event, subscribe
 from .history import Recorder, from_env
 
@@ -85,6 +85,34 @@ def poison(n: int) -> None:
     attempts, without taking the rest of the queue with it."""
     _started(n)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(queue="torture", max_attempts=5, backoff=Backoff(base=0.05, cap=0.5, jitter=0))
+def list_part(name: str, k: int = 3) -> int:
+    """Reserve up to ``k`` positions of list ``name``, work on them, complete them: the
+    history has each position's reservation (with its token) and whether its completion
+    was accepted (newly done) or refused (the reservation timed out meanwhile)."""
+    _started(0)
+    res = app.lists.reserve(name, k)  # for the list's time to run (torture.LIST_TTR)
+    if res is None:  # all done or all held by others
+        _ended()
+        return 0
+    positions = res.positions
+    for p in positions:
+        _record("list_reserve", list=name, item=p, token=res.token)
+    time.sleep(0.03 * len(positions))  # long enough to be stopped or killed in the middle
+    try:
+        out = app.lists.complete(res)
+    except StaleReservation:
+        for p in positions:
+            _record("list_complete", list=name, item=p, token=res.token, accepted=False)
+    else:
+        already = set(out.already)
+        for p in positions:
+            _record("list_complete", list=name, item=p, token=res.token,
+                    accepted=p not in already)
+    _ended()
+    return len(positions)
 
 
 @app.task(queue="torture")
