@@ -41,9 +41,10 @@ The rules (each violation is printed with its smallest witness, the lines that p
   resolutions of the key (unless its ``effect_start`` says mode at_least_once).
 - ``no accepted write with an old token``: at most one accepted write per (job, token), and
   per (effect key, token); at most one accepted completion per list item, whatever its
-  token (an item is newly done once; a repeat is reported as already done); an accepted complete or fail of token k is a
-  violation when a claim of the same job with a greater token was logged before the ``end``
-  of token k (that claim committed before the write was sent).
+  token (an item is newly done once; a repeat is reported as already done); an accepted
+  complete or fail of token k is a violation when a claim of the same job with a greater
+  token was logged before the ``end`` of token k (that claim committed before the write
+  was sent).
 - ``one live holder per slot and epoch``: per (set, slot) a token is held by one process;
   an acquisition of a greater token by another process at a database time (``until`` less
   the lease) before the known ``until`` of the previous token, which was not released, is a
