@@ -221,3 +221,30 @@ def test_sqlite_dump_sees_every_table(tmp_path: Any) -> None:
                       "AND type='table'").fetchone()[0]
     assert len(tables) == n - 1  # all but the housekeeping clock
     app.close()
+
+
+def test_a_refusal_names_a_hostile_value_without_echoing_it_whole(capp: App) -> None:
+    """A 10,000-character name (or a 100,000-character key, a list of 10,000 numbers) is
+    cut in the message that refuses it: enough to recognise, never the whole value."""
+    name, key, many = "q" * 10_000, "k" * 100_000, [5] * 10_000
+
+    def fn(key: str) -> None:
+        raise AssertionError("an effect ran for a refused call")
+
+    calls: list[Callable[[], Any]] = [
+        lambda: capp.enqueue(name, []), lambda: capp.enqueue("corpus.noop", [], queue=name),
+        lambda: capp.enqueue("corpus.noop", [], key=key), lambda: capp.enqueue("corpus.noop", [], delay=many),
+        lambda: capp.get_job(many), lambda: capp.lists.get(name), lambda: capp.lists.reserve("sealed", k=many),
+        lambda: capp.lists.complete("sealed", "1.0123456789abcdef", positions=[name]),
+        lambda: capp.partitions.list(name), lambda: capp.partitions.try_acquire("set", many),
+        lambda: capp.effects.run(name, "k", fn), lambda: capp.effects.run("s", key, fn),
+        lambda: capp.effects.run("s", "k", fn, policy=name), lambda: capp.effects.list("s", state=name),
+        lambda: capp.batches.open(on_complete=many), lambda: capp.batches.ack(name),
+        lambda: capp.list_jobs(state=name), lambda: capp.tokens.create(name, "read"),
+        lambda: capp.tokens.create("n", name),
+    ]
+    for call in calls:
+        with pytest.raises(JustonceError) as info:
+            call()
+        message = str(info.value)
+        assert len(message) < 300 and "q" * 100 not in message and "k" * 100 not in message, message[:400]

@@ -313,7 +313,7 @@ class App:
         _action_states(action, where)
         for value, what in ((expected, "expected"), (tolerance, "tolerance")):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise InvalidOption(f"{what} must be an integer in [0, 2**63), not {value!r}")
+                raise InvalidOption(f"{what} must be an integer in [0, 2**63), not {validate.shown(value)}")
         chunk = validate.count(chunk, "chunk", 10_000)
         now, _ = self.backend.jobs_count_matching(action, where)
         if now > expected + tolerance:
@@ -346,7 +346,7 @@ _ACTION_STATES = {"cancel": ("scheduled", "ready", "running"), "retry": ("dead",
 def _action_states(action: str, where: JobFilter) -> None:
     states = _ACTION_STATES.get(action)
     if states is None:
-        raise InvalidOption(f"action must be cancel or retry, not {action!r}")
+        raise InvalidOption(f"action must be cancel or retry, not {validate.shown(action)}")
     if where.state is not None and where.state not in states:
         raise InvalidOption(f"{action} applies to jobs in states {', '.join(states)}, not {where.state}")
 

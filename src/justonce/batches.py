@@ -181,7 +181,8 @@ class Batches:
     def _callback(self, which: str, cb: Callback) -> dict[str, Any]:
         req = cb if isinstance(cb, Enqueue) else Enqueue(cb) if isinstance(cb, (str, Task)) else None
         if req is None:
-            raise InvalidOption(f"on_{which} must be a task name, a Task or an Enqueue, not {cb!r}")
+            raise InvalidOption(
+                f"on_{which} must be a task name, a Task or an Enqueue, not {validate.shown(cb)}")
         if req.key is not None or req.delay is not None or req.run_at is not None:
             raise InvalidOption(f"on_{which} cannot have a key, a delay or run_at: it runs on completion")
         if req.kwargs and "batch" in req.kwargs:

@@ -167,7 +167,7 @@ class Effects:
         """Claim the entry of (scope, key) if the effect may be done now."""
         scope, key = _scope(scope), _key(key)
         if policy not in POLICIES:
-            raise InvalidOption(f"policy must be one of {POLICIES}, not {policy!r}")
+            raise InvalidOption(f"policy must be one of {POLICIES}, not {validate.shown(policy)}")
         lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
         wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
         failpoints.hit("effect.before_claim")
@@ -235,7 +235,7 @@ class Effects:
         if not callable(fn):
             raise InvalidOption("fn must be a callable taking the idempotency key")
         if policy not in POLICIES:
-            raise InvalidOption(f"policy must be one of {POLICIES}, not {policy!r}")
+            raise InvalidOption(f"policy must be one of {POLICIES}, not {validate.shown(policy)}")
         lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
         wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
         size = validate.count(chunk, "chunk", MAX_CHUNK)
@@ -345,7 +345,7 @@ class Effects:
     def list(self, scope: str, state: str | None = None, limit: int = 1000) -> builtins.list[EffectInfo]:
         """The entries of a scope (``state``: pending, running or done), by key."""
         if state not in (None, "pending", "running", "done"):
-            raise InvalidOption(f"state must be pending, running or done, not {state!r}")
+            raise InvalidOption(f"state must be pending, running or done, not {validate.shown(state)}")
         return self.app.backend.effects_list(_scope(scope), state, validate.count(limit, "limit", 10_000_000))
 
     def counts(self, scope: str) -> dict[str, int]:
@@ -365,7 +365,8 @@ class Effects:
 
 def _scope(value: Any) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_SCOPE:
-        raise InvalidOption(f"scope must be a non-empty string of at most {MAX_SCOPE}, not {value!r}")
+        raise InvalidOption(
+            f"scope must be a non-empty string of at most {MAX_SCOPE}, not {validate.shown(value)}")
     return validate.text(value, "scope", MAX_SCOPE)
 
 

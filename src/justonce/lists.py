@@ -85,7 +85,7 @@ class ListRun:
 def list_name(value: Any) -> str:
     if not isinstance(value, str) or not LIST_NAME.match(value):
         raise InvalidName(f"a list name is 1-63 letters, digits, '_', '.', ':' or '-' "
-                          f"starting with a letter or digit, not {value!r}")
+                          f"starting with a letter or digit, not {validate.shown(value)}")
     return value
 
 
@@ -380,7 +380,7 @@ def _positions(positions: Iterable[int] | None) -> Sequence[int] | None:
     out = []
     for p in positions:
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            raise InvalidOption(f"a position is an integer >= 0, not {p!r}")
+            raise InvalidOption(f"a position is an integer >= 0, not {validate.shown(p)}")
         out.append(p)
     if len(out) > MAX_RESERVE:
         raise InvalidOption(f"at most {MAX_RESERVE} positions per call")

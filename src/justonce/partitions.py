@@ -81,7 +81,8 @@ def partition_of(key: Any, n: int) -> int:
 def slots(n: Any) -> int:
     """Validate a number of slots."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SLOTS:
-        raise InvalidOption(f"n (the number of slots) must be an integer in [1, {MAX_SLOTS}], not {n!r}")
+        raise InvalidOption(
+            f"n (the number of slots) must be an integer in [1, {MAX_SLOTS}], not {validate.shown(n)}")
     return n
 
 
@@ -99,9 +100,9 @@ def slot_expression(column: str, n: int, *, key_type: str = "int", dialect: str 
     n = slots(n)
     col = validate.sql_identifier(column)
     if dialect not in DIALECTS:
-        raise InvalidOption(f"dialect must be one of {DIALECTS}, not {dialect!r}")
+        raise InvalidOption(f"dialect must be one of {DIALECTS}, not {validate.shown(dialect)}")
     if key_type not in ("int", "text"):
-        raise InvalidOption(f"key_type must be 'int' or 'text', not {key_type!r}")
+        raise InvalidOption(f"key_type must be 'int' or 'text', not {validate.shown(key_type)}")
     if dialect == "postgres":
         from .backends.postgres.slots import slot_sql
     elif dialect == "sqlite":
@@ -118,7 +119,7 @@ def slot_predicate(column: str, n: int, slot: int, *, key_type: str = "int",
     ones), the CRC-32 rule for text keys (see :func:`slot_expression`)."""
     n = slots(n)
     if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
-        raise InvalidOption(f"slot must be an integer in [0, {n}), not {slot!r}")
+        raise InvalidOption(f"slot must be an integer in [0, {n}), not {validate.shown(slot)}")
     return f"{slot_expression(column, n, key_type=key_type, dialect=dialect, schema=schema)} = {slot}"
 
 
@@ -140,7 +141,7 @@ def n_from_env(n: int | None) -> int:
     try:
         return slots(int(raw))
     except ValueError:
-        raise ConfigurationError(f"${ENV_N} must be an integer, not {raw!r}") from None
+        raise ConfigurationError(f"${ENV_N} must be an integer, not {validate.shown(raw)}") from None
 
 
 class PartitionLease:
@@ -363,5 +364,5 @@ def parse_set_spec(spec: str) -> tuple[str, int]:
     try:
         return validate.set_name(name), slots(int(raw))
     except ValueError:
-        raise InvalidOption(f"--partitions {spec!r}: expected SET:N with N an integer") from None
+        raise InvalidOption(f"--partitions {validate.shown(spec)}: expected SET:N with N an integer") from None
 

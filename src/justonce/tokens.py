@@ -61,9 +61,9 @@ class Tokens:
         """A new token and its secret. The secret is shown once: only its hash is kept."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise InvalidOption(
-                f"token name {name!r} must be 1-100 letters, digits, spaces or _ . : @ / -")
+                f"token name {validate.shown(name)} must be 1-100 letters, digits, spaces or _ . : @ / -")
         if scope not in SCOPES:
-            raise InvalidOption(f"scope must be one of {SCOPES}, not {scope!r}")
+            raise InvalidOption(f"scope must be one of {SCOPES}, not {validate.shown(scope)}")
         prefix = secrets.token_hex(4)
         secret = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
         info = self.app.backend.token_create(name, scope, hash_secret(secret), prefix)

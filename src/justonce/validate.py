@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -30,10 +31,29 @@ MAX_TIMEOUT_SECONDS = 7 * 86400
 MAX_ATTEMPTS = 1000
 PRIORITY_RANGE = (-1000, 1000)
 
+SHOWN_CHARS = 80
+"""How much of a refused value an error message shows (see :func:`shown`)."""
+
 SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 SQL_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}$")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = SHOWN_CHARS
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 4
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters: a refusal
+    names what it refused without echoing a hostile 10,000-character name (or a list of
+    a million numbers, or a list nested 10,000 deep) back whole."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a __repr__ of the caller's that fails
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def queue_name(value: Any) -> str:
@@ -47,7 +67,7 @@ def set_name(value: Any) -> str:
 def _name(value: Any, pattern: re.Pattern[str], what: str) -> str:
     if not isinstance(value, str) or not pattern.match(value):
         raise InvalidName(
-            f"bad {what} {value!r}: 1-63 characters of letters, digits, '_', '.', ':' "
+            f"bad {what} {shown(value)}: 1-63 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or digit"
         )
     return value
@@ -57,14 +77,15 @@ def sql_identifier(value: Any) -> str:
     """A column (or ``table.column``) to put into generated SQL: letters, digits and '_'
     only, so it can never carry SQL of its own."""
     if not isinstance(value, str) or not SQL_IDENTIFIER.match(value):
-        raise InvalidName(f"bad SQL identifier {value!r}: letters, digits and '_' (optionally table.column)")
+        raise InvalidName(
+            f"bad SQL identifier {shown(value)}: letters, digits and '_' (optionally table.column)")
     return value
 
 
 def task_name(value: Any) -> str:
     if not isinstance(value, str) or not TASK_NAME.match(value):
         raise InvalidName(
-            f"bad task name {value!r}: 1-200 characters of letters, digits, '_', '.', ':' "
+            f"bad task name {shown(value)}: 1-200 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or '_'"
         )
     return value
@@ -76,11 +97,11 @@ def optional_key(value: Any, what: str = "key") -> str | None:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
-        raise InvalidName(f"bad {what} {value!r}: a non-empty string of at most {MAX_KEY_CHARS}")
+        raise InvalidName(f"bad {what} {shown(value)}: a non-empty string of at most {MAX_KEY_CHARS}")
     try:
         value.encode()
     except UnicodeEncodeError:
-        raise InvalidName(f"bad {what} {value!r}: it contains a lone surrogate, which the "
+        raise InvalidName(f"bad {what} {shown(value)}: it contains a lone surrogate, which the "
                           "database cannot store") from None
     return value
 
@@ -168,7 +189,7 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
         raise InvalidArguments(f"kwargs must be a dict, not {type(kwargs).__name__}")
     bad = [k for k in kwargs if not isinstance(k, str)]
     if bad:
-        raise InvalidArguments(f"kwargs keys must be strings, got {bad[0]!r}")
+        raise InvalidArguments(f"kwargs keys must be strings, got {shown(bad[0])}")
     args_json = _dumps(list(args), "args")
     kwargs_json = _dumps(kwargs, "kwargs") if kwargs else "{}"
     size = _storable_size(args_json, "arguments") + _storable_size(kwargs_json, "arguments")
@@ -242,7 +263,7 @@ def _number(value: Any, what: str) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InvalidOption(f"{what} must be a number of seconds, not {value!r}")
+        raise InvalidOption(f"{what} must be a number of seconds, not {shown(value)}")
     return float(value)
 
 
@@ -286,7 +307,7 @@ def bounded(value: Any, what: str, lo: float, hi: float) -> float:
 
 def job_id(value: Any, what: str = "job id") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
-        raise InvalidOption(f"{what} must be a positive 64-bit integer, not {value!r}")
+        raise InvalidOption(f"{what} must be a positive 64-bit integer, not {shown(value)}")
     return value
 
 
@@ -298,7 +319,7 @@ def optional_state(value: Any, states: type[Enum]) -> str | None:
         return str(states(value).value)
     except ValueError:
         raise InvalidOption(
-            f"state must be one of {', '.join(str(s.value) for s in states)}, not {value!r}"
+            f"state must be one of {', '.join(str(s.value) for s in states)}, not {shown(value)}"
         ) from None
 
 
@@ -308,7 +329,7 @@ def batch_id(value: Any) -> int:
 
 def count(value: Any, what: str, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
-        raise InvalidOption(f"{what} must be an integer in [1, {hi}], not {value!r}")
+        raise InvalidOption(f"{what} must be an integer in [1, {hi}], not {shown(value)}")
     return value
 
 
@@ -332,12 +353,12 @@ def timeout(value: Any) -> float:
 
 def attempts(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
-        raise InvalidOption(f"max_attempts must be an integer in [1, {MAX_ATTEMPTS}], not {value!r}")
+        raise InvalidOption(f"max_attempts must be an integer in [1, {MAX_ATTEMPTS}], not {shown(value)}")
     return value
 
 
 def priority(value: Any) -> int:
     lo, hi = PRIORITY_RANGE
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {value!r}")
+        raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {shown(value)}")
     return value

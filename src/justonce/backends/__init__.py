@@ -6,6 +6,7 @@ import os
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
+from ..validate import shown
 from .base import Backend
 
 DEFAULT_URL = "sqlite:///justonce.db"
@@ -27,7 +28,7 @@ def open_backend(url: str | None = None) -> Backend:
     url = resolve_url(url)
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
-            f"malformed database URL {url!r}: expected sqlite:///path.db, "
+            f"malformed database URL {shown(url)}: expected sqlite:///path.db, "
             "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
         )
     scheme = urlsplit(url).scheme.lower()
@@ -44,7 +45,7 @@ def open_backend(url: str | None = None) -> Backend:
 
         return MySQLBackend(url)
     raise ConfigurationError(
-        f"unsupported database URL scheme {scheme!r} in {url!r}: use sqlite:///path.db, "
+        f"unsupported database URL scheme {shown(scheme)} in {shown(url)}: use sqlite:///path.db, "
         "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
     )
 

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from ..app import App
 from ..lists import LOAD_CHUNK, MAX_ITEMS, item_json, parse_token
 from ..models import ListInfo, Reservation
+from ..validate import shown
 from . import list_schemas as S
 from .auth import Principal, audit, require_admin, require_read
 from .problems import ERRORS, Problem, documented
@@ -111,7 +112,7 @@ async def _item_body(request: Request) -> list[Any]:
                           errors=[{"loc": ["body"], "msg": "expected an array"}])
     else:
         raise Problem(415, "UnsupportedMediaType", f"send application/json (an array) or "
-                      f"application/x-ndjson (one item per line), not {kind!r}")
+                      f"application/x-ndjson (one item per line), not {shown(kind)}")
     if not 1 <= len(items) <= LOAD_CHUNK:
         raise Problem(422, "RequestValidation", f"send 1 to {LOAD_CHUNK} items per call, not {len(items)}",
                       errors=[{"loc": ["body"], "msg": f"1 to {LOAD_CHUNK} items"}])
