@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from justonce import App, JustonceError, Worker
+from justonce import App, JobFilter, JustonceError, Worker
 from justonce.cli import cli
 from justonce.testing import corpus as C
 
@@ -248,3 +248,32 @@ def test_a_refusal_names_a_hostile_value_without_echoing_it_whole(capp: App) -> 
             call()
         message = str(info.value)
         assert len(message) < 300 and "q" * 100 not in message and "k" * 100 not in message, message[:400]
+
+
+def test_job_listing_filters_are_validated_before_any_sql(capp: App) -> None:
+    """list_jobs passed queue and task straight to SQL (Postgres: a NUL was a DataError,
+    an int an UndefinedFunction; everywhere a lone surrogate a UnicodeEncodeError), and
+    list_jobs_page, count_matching and apply_matching took anything for a JobFilter."""
+    before = dump(capp)
+    for what in ("queue", "task"):
+        for value in ("a\x00b", "a\ud800b", 123, ["a"], "q" * 10_000, "a b"):
+            with pytest.raises(JustonceError):
+                capp.list_jobs(**{what: value})
+    for where in ("x", 5, {"queue": "default"}):
+        with pytest.raises(JustonceError):
+            capp.list_jobs_page(where)  # type: ignore[arg-type]
+        with pytest.raises(JustonceError):
+            capp.count_matching("cancel", where)  # type: ignore[arg-type]
+        with pytest.raises(JustonceError):
+            capp.apply_matching("cancel", where, expected=0)  # type: ignore[arg-type]
+    with pytest.raises(JustonceError):
+        capp.count_matching("cancel", None)  # type: ignore[arg-type]
+    assert [j.task for j in capp.list_jobs(queue="default", task="corpus.noop")] == ["corpus.noop"]
+    assert dump(capp) == before
+    for bad in (JobFilter(queue="a\x00b"), JobFilter(task=7), JobFilter(state="zz"),  # type: ignore[arg-type]
+                JobFilter(max_id=2**63), JobFilter(created_after="2024")):  # type: ignore[arg-type]
+        with pytest.raises(JustonceError):
+            capp.list_jobs_page(bad)
+        with pytest.raises(JustonceError):
+            capp.apply_matching("cancel", bad, expected=0)
+    assert dump(capp) == before
