@@ -148,10 +148,13 @@ class Lists:
             callbacks["complete"] = self.app.batches._callback("complete", on_complete)
         if not isinstance(seal, bool):
             raise InvalidOption("seal must be True or False")
-        stream = None if items is None else _iterable(items)
+        stream = None if items is None else iter(_iterable(items))
+        # The first chunk is checked before the list exists: a bad item in it leaves
+        # nothing behind. (One further on keeps the chunks before it: see append.)
+        first = [] if stream is None else [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
         self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks)
-        if stream is not None:
-            self.append(name, stream)
+        if first:
+            self._load(name, first, stream)
         if seal:
             return self.seal(name)
         return self.get(name)
@@ -160,11 +163,20 @@ class Lists:
         """Append items to a list that is still loading, in transactions of ``LOAD_CHUNK``
         (each item checked before its transaction starts); how many were appended."""
         name = list_name(name)
+        n = self._load(name, [], iter(_iterable(items)))
+        if n == 0:
+            self.get(name)  # an unknown name still says so
+        return n
+
+    def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None) -> int:
+        """Append ``first`` (items already checked), then the rest of the stream in
+        chunks of LOAD_CHUNK, each checked before its transaction; how many."""
         backend = self.app.backend.lists
         n = 0
+        chunks = itertools.chain([first] if first else [], () if rest is None else (
+            [item_json(x) for x in chunk] for chunk in _chunks(rest, LOAD_CHUNK)))
         try:
-            for chunk in _chunks(_iterable(items), LOAD_CHUNK):
-                texts = [item_json(x) for x in chunk]
+            for texts in chunks:
                 backend.append(name, texts, MAX_ITEMS)
                 n += len(texts)
                 failpoints.hit("list.after_append_chunk")
@@ -173,8 +185,6 @@ class Lists:
                 exc.add_note(f"list {name!r} keeps the {n} items appended before this error "
                              "and is not sealed: append the rest, then seal it (or drop it)")
             raise
-        if n == 0:
-            self.get(name)  # an unknown name still says so
         return n
 
     def seal(self, name: str) -> ListInfo:

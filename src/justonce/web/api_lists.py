@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from ..app import App
-from ..lists import LOAD_CHUNK, MAX_ITEMS, item_json, parse_token
+from ..lists import LOAD_CHUNK, MAX_ITEMS, parse_token
 from ..models import ListInfo, Reservation
 from ..validate import shown
 from . import list_schemas as S
@@ -131,9 +131,6 @@ def create_list(body: S.ListCreateIn, request: Request, who: Admin) -> S.ListOut
     """Create a list, load ``items`` (at most 10,000 here: append more), and seal it unless
     ``seal`` is false. Every item is checked before anything is stored."""
     app = _app(request)
-    if body.items is not None:
-        for x in body.items:
-            item_json(x)
     info = app.lists.create(body.name, task=body.task, items=body.items, seal=body.seal, ttr=body.ttr,
                             max_attempts=body.max_attempts, on_complete=body.on_complete)
     audit(request, who, "list.create", f"list:{info.name}", info.progress.total, sealed=body.seal)
