@@ -10,12 +10,21 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from justonce import App, JobFilter, JustonceError, Worker
+from justonce import (
+    App,
+    EffectClaim,
+    JobFilter,
+    JustonceError,
+    PartitionLease,
+    StaleReservation,
+    Worker,
+)
 from justonce.cli import cli
 from justonce.testing import corpus as C
 
@@ -276,4 +285,33 @@ def test_job_listing_filters_are_validated_before_any_sql(capp: App) -> None:
             capp.list_jobs_page(bad)
         with pytest.raises(JustonceError):
             capp.apply_matching("cancel", bad, expected=0)
+    assert dump(capp) == before
+
+
+def test_forged_tokens_and_ids_past_64_bits_are_typed(capp: App) -> None:
+    """A reservation token's row id, an API token's id, an audit entry's token id and
+    count, a partition lease's or an effect claim's fencing token: past 2**63 - 1 they
+    were an OverflowError on SQLite (Python int too large for sqlite3) and a
+    NumericValueOutOfRange or DataError on Postgres and MySQL."""
+    before = dump(capp)
+    for row_id in (2**63, 9_999_999_999_999_999_999):
+        token = f"{row_id}.0123456789abcdef"
+        for call in (capp.lists.complete, capp.lists.touch, capp.lists.release, capp.lists.bury):
+            with pytest.raises(StaleReservation):
+                call("sealed", token)
+    for bad in (2**63, -1, 0, "1", 1.5, None):
+        with pytest.raises(JustonceError):
+            capp.tokens.active(bad)  # type: ignore[arg-type]
+    for options in ({"token_id": 2**63}, {"token_id": "1"}, {"count": 2**63}, {"count": "x"},
+                    {"count": -1}, {"detail": [1]}, {"detail": {"a": "\x00"}}, {"detail": {1: 2}},
+                    {"detail": {"a": "\ud800"}}, {"detail": {"a": C.JSON_VALUES[0][1]}}):
+        with pytest.raises(JustonceError):
+            capp.audit.record("corpus.action", **options)
+    now = datetime.now(UTC)
+    for token in (2**63, -1, "1", None):
+        with pytest.raises(JustonceError):
+            PartitionLease(capp.partitions, "set", 4, 0, token, "me", 30.0, now)  # type: ignore[arg-type]
+        with pytest.raises(JustonceError):
+            EffectClaim(capp.effects, "s", "k", "pending", 2**63 if token is None else token,  # type: ignore[arg-type]
+                        None)
     assert dump(capp) == before

@@ -123,6 +123,10 @@ class EffectClaim:
 
     def __init__(self, effects: Effects, scope: str, key: str, found: str, token: int | None,
                  conn: Any) -> None:
+        # Built by claim; checked all the same, as its fields go to SQL when it is done.
+        scope, key = _scope(scope), _key(key)
+        if token is not None:
+            validate.int64(token, "token")
         self._effects, self.scope, self.key = effects, scope, key
         self.state, self.token, self._conn = found, token, conn
         self.idempotency_key = f"{scope}:{key}"

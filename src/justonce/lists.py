@@ -95,7 +95,8 @@ def parse_token(token: Any) -> tuple[int, str]:
     if not isinstance(token, str):
         raise InvalidOption(f"a reservation token is a string, not {type(token).__name__}")
     m = _TOKEN.match(token)
-    if m is None:
+    # A row id past 2**63 - 1 (the pattern allows 19 digits) names no reservation.
+    if m is None or int(m.group(1)) >= 2**63:
         raise StaleReservation("not a reservation token (they look like 123.0123456789abcdef)")
     return int(m.group(1)), m.group(2)
 

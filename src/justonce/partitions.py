@@ -155,6 +155,13 @@ class PartitionLease:
     def __init__(self, partitions: Partitions, set_name: str, n: int, slot: int, token: int,
                  owner: str, lease: float, expires_at: datetime,
                  started: float | None = None) -> None:
+        # Built by acquire; checked all the same, as its fields go to SQL when it renews,
+        # releases or fences.
+        n = slots(n)
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
+            raise InvalidOption(f"slot must be an integer in [0, {n}), not {validate.shown(slot)}")
+        set_name, token = validate.set_name(set_name), validate.int64(token, "token")
+        lease = validate.bounded(lease, "lease", 0.1, 86400)
         self._partitions = partitions
         self.set_name, self.n, self.slot, self.token = set_name, n, slot, token
         self.owner, self.lease, self.expires_at = owner, lease, expires_at

@@ -93,7 +93,7 @@ class Tokens:
     def active(self, token_id: int) -> TokenInfo | None:
         """The token if it exists and is not revoked (a session cookie is checked so on
         every request), recording the use."""
-        info = self.app.backend.token_get(token_id)
+        info = self.app.backend.token_get(validate.job_id(token_id, "token id"))
         if info is None or not info.active:
             return None
         self._touch(info.id)
@@ -133,6 +133,12 @@ class Audit:
         many (``count``), and anything else (``detail``, JSON). ``conn``: a connection from
         ``app.backend.transaction()``, so that the entry commits with the action."""
         action = validate.text(action, "action", 100)
+        if token_id is not None:
+            validate.job_id(token_id, "token id")
+        if count is not None:
+            validate.int64(count, "count")
+        if detail is not None:
+            validate.detail_json(detail)
         return self.app.backend.audit_record(
             token_id, validate.text(actor, "actor", 200), action,
             None if target is None else validate.text(target, "target", 1000),

@@ -311,6 +311,30 @@ def job_id(value: Any, what: str = "job id") -> int:
     return value
 
 
+def int64(value: Any, what: str, lo: int = 0) -> int:
+    """An integer the databases can store as BIGINT, at least ``lo`` (a fencing token, a
+    count): past 2**63 - 1 sqlite3 raises OverflowError and Postgres and MySQL refuse it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < 2**63:
+        raise InvalidOption(f"{what} must be an integer in [{lo}, 2**63), not {shown(value)}")
+    return value
+
+
+def detail_json(value: Any, what: str = "detail") -> str:
+    """A dict of anything as JSON text the databases can store (a value JSON does not
+    know is written as its ``str``): no NUL or lone surrogate, at most MAX_JSON_DEPTH deep
+    and MAX_RESULT_BYTES long."""
+    if not isinstance(value, dict) or any(not isinstance(k, str) for k in value):
+        raise InvalidOption(f"{what} must be a dict with string keys, not {shown(value)}")
+    try:
+        text = json.dumps(value, separators=(",", ":"), default=str, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidOption(f"{what} is not JSON-serialisable: {exc}") from None
+    if not _storable(text) or _too_deep(text) or len(text.encode()) > MAX_RESULT_BYTES:
+        raise InvalidOption(f"{what} must be JSON of at most {MAX_RESULT_BYTES} bytes, nested at most "
+                            f"{MAX_JSON_DEPTH} deep, without NUL or lone surrogates")
+    return text
+
+
 def optional_state(value: Any, states: type[Enum]) -> str | None:
     """A state filter: None, or one of the enum's values."""
     if value is None:
