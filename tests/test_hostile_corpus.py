@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -314,4 +315,28 @@ def test_forged_tokens_and_ids_past_64_bits_are_typed(capp: App) -> None:
         with pytest.raises(JustonceError):
             EffectClaim(capp.effects, "s", "k", "pending", 2**63 if token is None else token,  # type: ignore[arg-type]
                         None)
+    assert dump(capp) == before
+
+
+def test_positions_past_64_bits_and_forged_reservations_are_typed(capp: App) -> None:
+    """complete() with a position of 2**63 or more was psycopg's NumericValueOutOfRange on
+    Postgres (a 500 over HTTP); a Reservation built by hand went to SQL unchecked."""
+    res = capp.lists.reserve("sealed", 1, ttr=3600)
+    assert res is not None
+    before = dump(capp)
+    for positions in ([2**63], [2**64], [0, 2**63], [-1], [True], ["0"], [1.5], 5):
+        for call in (capp.lists.complete, capp.lists.release, capp.lists.bury):
+            with pytest.raises(JustonceError):
+                call(res, positions=positions)  # type: ignore[arg-type]
+    forged = [replace(res, list="a\x00b"), replace(res, list="q" * 10_000),
+              replace(res, ranges=((2**63, 2**63 + 1),)), replace(res, ranges=((-1, 0),)),
+              replace(res, ranges=((1, 0),)), replace(res, ranges=(("0", "1"),)),  # type: ignore[arg-type]
+              replace(res, ranges=((0, 2**30),))]
+    for bad in forged:
+        with pytest.raises(JustonceError):
+            capp.lists.items(bad)
+    for bad in forged[:2]:
+        for call in (capp.lists.complete, capp.lists.touch, capp.lists.release, capp.lists.bury):
+            with pytest.raises(JustonceError):
+                call(bad)
     assert dump(capp) == before

@@ -227,8 +227,8 @@ class Lists:
         """The reservation's (position, item) pairs, in position order."""
         if not isinstance(reservation, Reservation):
             raise InvalidOption("items() takes a Reservation")
-        return [(p, json.loads(text))
-                for p, text in self.app.backend.lists.items(reservation.list, reservation.ranges)]
+        name, ranges = list_name(reservation.list), _ranges(reservation.ranges)
+        return [(p, json.loads(text)) for p, text in self.app.backend.lists.items(name, ranges)]
 
     def complete(self, target: Target, token: str | None = None,
                  positions: Iterable[int] | None = None) -> ListCompletion:
@@ -362,7 +362,7 @@ class Lists:
         if isinstance(target, Reservation):
             if token is not None:
                 raise InvalidOption("give a Reservation, or a list name and a token, not both")
-            name, token = target.list, target.token
+            name, token = list_name(target.list), target.token
         else:
             name = list_name(target)
             if token is None:
@@ -389,10 +389,28 @@ def _positions(positions: Iterable[int] | None) -> Sequence[int] | None:
     if isinstance(positions, (str, bytes)) or not isinstance(positions, Iterable):
         raise InvalidOption("positions must be an iterable of integers")
     out = []
-    for p in positions:
-        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            raise InvalidOption(f"a position is an integer >= 0, not {validate.shown(p)}")
+    for p in itertools.islice(positions, MAX_RESERVE + 1):
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < 2**63:
+            raise InvalidOption(f"a position is an integer in [0, 2**63), not {validate.shown(p)}")
         out.append(p)
     if len(out) > MAX_RESERVE:
         raise InvalidOption(f"at most {MAX_RESERVE} positions per call")
     return out
+
+
+def _ranges(ranges: Any) -> tuple[tuple[int, int], ...]:
+    """A reservation's ranges of positions (``[lo, hi)`` pairs): a Reservation can be
+    built by hand, and its ranges go to SQL."""
+    out: list[tuple[int, int]] = []
+    total = 0
+    for r in ranges if isinstance(ranges, (tuple, list)) else [ranges]:
+        if not (isinstance(r, (tuple, list)) and len(r) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                and 0 <= r[0] <= r[1] < 2**63):
+            raise InvalidOption(f"a reservation's ranges are [lo, hi) pairs of positions, "
+                                f"not {validate.shown(r)}")
+        total += r[1] - r[0]
+        if total > MAX_RESERVE:
+            raise InvalidOption(f"a reservation holds at most {MAX_RESERVE} positions")
+        out.append((r[0], r[1]))
+    return tuple(out)
