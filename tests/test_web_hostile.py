@@ -532,3 +532,22 @@ def test_token_secrets_are_never_echoed_or_logged(served: tuple[Server, Path], l
     for secret in (server.admin, server.reader, bad):
         assert secret not in text and secret[12:] not in text
     assert "Traceback" not in text
+
+
+def test_json_nested_10000_deep_is_a_malformed_json_problem_on_every_route(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    """A body nested past the parser's recursion limit was FastAPI's "There was an error
+    parsing the body" (a BadRequest that did not say what was wrong), not the problem the
+    service answers for any other malformed JSON."""
+    before = snapshot(lib)
+    bodies = [b"[" * 10_000 + b"]" * 10_000, b'{"a":' * 10_000 + b"1" + b"}" * 10_000,
+              b'{"task": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"]
+    routes = [p for p, body in api_actions(world) if body] + ["/api/v1/jobs/actions/preview", "/api/v1/session"]
+    with server.client(server.admin) as c:
+        for path in routes:
+            for body in bodies:
+                assert_problem(c.post(path, content=body, headers=JSON), 400, "MalformedJson")
+        assert_problem(c.post(f"/api/v1/lists/{world['open']}/items", content=bodies[0] + b"\n",
+                              headers={"content-type": "application/x-ndjson"}), 400, "MalformedJson")
+        assert c.get("/api/v1/jobs").status_code == 200
+    assert snapshot(lib) == before
