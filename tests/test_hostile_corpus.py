@@ -340,3 +340,17 @@ def test_positions_past_64_bits_and_forged_reservations_are_typed(capp: App) -> 
             with pytest.raises(JustonceError):
                 call(bad)
     assert dump(capp) == before
+
+
+def test_a_refused_partition_scan_opens_no_batch(capp: App) -> None:
+    """scan() opened its batch, then built the jobs: an unknown task, a bad option or
+    bad kwargs left an empty open batch behind."""
+    before = dump(capp)
+    for task, options in (("no.such.task", {}), ("corpus.noop", {"queue": "a b"}),
+                          ("corpus.noop", {"max_attempts": 0}), ("corpus.noop", {"kwargs": {"a": C.Opaque()}}),
+                          ("corpus.noop", {"column": "a b"}), ("corpus.noop", {"key_type": "float"}),
+                          ("corpus.noop", {"dialect": "oracle"}), ("corpus.noop", {"description": "\x00"}),
+                          ("corpus.noop", {"on_complete": "no.such.task"}), ("corpus.noop", {"key": "k"})):
+        with pytest.raises(JustonceError):
+            capp.partitions.scan(task, **{"column": "id", "n": 3, **options})
+    assert dump(capp) == before

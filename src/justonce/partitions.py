@@ -22,6 +22,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -341,7 +342,10 @@ class Partitions:
         slot ``k`` over ``column``), ``slot`` and ``n``: run your query with
         ``WHERE <predicate>``; ``kwargs`` adds the same keyword arguments to every slot's job
         (which of your things to scan, say). A job that dies is retried like any job, so
-        make its writes idempotent (the effect ledger, or a unique key in your own table)."""
+        make its writes idempotent (the effect ledger, or a unique key in your own table).
+
+        The batch, its jobs and its seal commit together (in your transaction with
+        ``conn=``): a scan refused for any of its parts leaves nothing behind."""
         n = n_from_env(n)
         dialect = dialect or self.app.backend.name
         if not isinstance(kwargs, Mapping | None) or any(not isinstance(k, str) for k in kwargs or {}):
@@ -352,10 +356,12 @@ class Partitions:
             raise InvalidOption(f"kwargs must not name {clash}: the scan passes those itself")
         calls = [{**extra, "predicate": self.predicate(column, n, k, key_type=key_type, dialect=dialect),
                   "slot": k, "n": n} for k in range(n)]
-        batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
-                                      on_complete=on_complete, on_success=on_success)
-        batch.enqueue_calls(task, calls, **options)
-        batch.seal()
+        conn = options.pop("conn", None)
+        with nullcontext(conn) if conn is not None else self.app.backend.transaction() as c:
+            batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
+                                          on_complete=on_complete, on_success=on_success, conn=c)
+            batch.enqueue_calls(task, calls, conn=c, **options)
+            batch.seal(conn=c)
         return batch
 
 
