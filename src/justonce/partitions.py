@@ -282,7 +282,7 @@ class Partitions:
         name = validate.set_name(set_name)
         n = n_from_env(n)
         lease = validate.bounded(lease, "lease", 0.1, 86400)
-        who = owner or _default_owner()
+        who = _default_owner() if owner is None else validate.owner(owner)
         started = time.monotonic()
         got = self.app.backend.lease_acquire(name, n, who, lease)
         if got is None:
@@ -328,7 +328,7 @@ class Partitions:
         """:func:`slot_predicate` in this app's database dialect (and schema)."""
         backend = self.app.backend
         return slot_predicate(column, n, slot, key_type=key_type,
-                              dialect=dialect or backend.name,
+                              dialect=backend.name if dialect is None else dialect,
                               schema=getattr(backend, "schema", None))
 
     def scan(self, task: str | Task, *, column: str, n: int | None = None,
@@ -347,7 +347,7 @@ class Partitions:
         The batch, its jobs and its seal commit together (in your transaction with
         ``conn=``): a scan refused for any of its parts leaves nothing behind."""
         n = n_from_env(n)
-        dialect = dialect or self.app.backend.name
+        dialect = self.app.backend.name if dialect is None else dialect
         if not isinstance(kwargs, Mapping | None) or any(not isinstance(k, str) for k in kwargs or {}):
             raise InvalidOption("kwargs must be a mapping of keyword argument names to values")
         extra = dict(kwargs or {})

@@ -10,7 +10,7 @@ import json
 import math
 import re
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -88,6 +88,20 @@ def task_name(value: Any) -> str:
             f"bad task name {shown(value)}: 1-200 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or '_'"
         )
+    return value
+
+
+def owner(value: Any) -> str:
+    """Who holds a lease or a claim, as shown in listings: 1-200 characters of text."""
+    if value == "":
+        raise InvalidOption("an owner must not be empty")
+    return text(value, "owner", 200)
+
+
+def flag(value: Any, what: str) -> bool:
+    """True or False, and nothing else ("no" and None are not False)."""
+    if not isinstance(value, bool):
+        raise InvalidOption(f"{what} must be True or False, not {shown(value)}")
     return value
 
 
@@ -200,6 +214,14 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
             f"job arguments are {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
         )
     return args_json, kwargs_json
+
+
+def call_list(calls: Any) -> list[Any]:
+    """The calls of an ``enqueue_calls`` as a list (each is checked as it is encoded)."""
+    if isinstance(calls, (str, bytes, dict)) or not isinstance(calls, Iterable):
+        raise InvalidArguments(f"calls must be an iterable of argument tuples or keyword dicts, "
+                               f"not {type(calls).__name__}")
+    return list(calls)
 
 
 def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
