@@ -107,7 +107,10 @@ class App:
         """
 
         def register(f: Callable[..., Any]) -> Task:
-            task_name = validate.task_name(name or f"{f.__module__}.{f.__qualname__}")
+            if not callable(f):
+                raise InvalidOption(f"a task is a function, not {validate.shown(f)}")
+            default = f"{getattr(f, '__module__', None)}.{getattr(f, '__qualname__', None)}"
+            task_name = validate.task_name(default if name is None else name)
             if task_name in self.tasks:
                 raise InvalidOption(f"task {task_name!r} is registered twice")
             if backoff is not None and not (isinstance(backoff, Backoff) or callable(backoff)):
@@ -139,6 +142,8 @@ class App:
     def build(self, req: Enqueue) -> NewJob:
         """Validate one request into the row to insert (no database access). A registered
         task's defaults were validated when it was registered and are not checked again."""
+        if not isinstance(req, Enqueue):
+            raise InvalidOption(f"a request is an Enqueue, not {type(req).__name__}")
         name, t = self._resolve(req.task)
         args_json, kwargs_json = validate.arguments(req.args, req.kwargs)
         if req.delay is not None and req.run_at is not None:
@@ -206,7 +211,7 @@ class App:
         arguments) with the same options, in one round trip. The options are validated
         once, not once per job."""
         template = self.build(Enqueue(task, **options))
-        calls = list(calls)
+        calls = validate.call_list(calls)
         if not calls:
             return []
         if template.key is not None:
@@ -354,7 +359,7 @@ _ACTION_STATES = {"cancel": ("scheduled", "ready", "running"), "retry": ("dead",
 
 
 def _action_states(action: str, where: JobFilter) -> None:
-    states = _ACTION_STATES.get(action)
+    states = _ACTION_STATES.get(action) if isinstance(action, str) else None
     if states is None:
         raise InvalidOption(f"action must be cancel or retry, not {validate.shown(action)}")
     if where.state is not None and where.state not in states:

@@ -121,7 +121,7 @@ class Batches:
         """Like :meth:`App.enqueue_calls`, one job per call, each job an item of a new
         group of the batch (the fast path for a large fan-out)."""
         template = self.app.build(Enqueue(task, **options))
-        calls = list(calls)
+        calls = validate.call_list(calls)
         _check_jobs(len(calls), template.key is not None)
         args_doc, kwargs_doc = validate.batch_arguments(calls)
         return self.app.backend.batch_enqueue_calls(

@@ -305,6 +305,8 @@ class Lists:
         it. A task that raises releases the position after its backoff, or buries it on
         the list's last attempt. None when nothing can be handed out now."""
         name = list_name(name)
+        if ttr is not None:
+            ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
         meta = self.app.backend.lists.task(name)
         if meta is None:
             raise ListNotFound(f"no list named {name!r}")
@@ -341,7 +343,15 @@ class Lists:
     def drain(self, name: str, *, poll: float = 0.2, stop: Any = None) -> Iterator[ListRun]:
         """``run_next`` until the list has nothing ready or reserved (positions held by
         others are waited for: they may time out and come back), yielding each run.
-        ``stop``: an object with ``is_set()`` (a threading.Event) that ends it early."""
+        ``stop``: an object with ``is_set()`` (a threading.Event) that ends it early.
+        Its arguments are checked when it is called, before the first run."""
+        name = list_name(name)
+        poll = validate.bounded(poll, "poll", 0.001, 3600)
+        if stop is not None and not callable(getattr(stop, "is_set", None)):
+            raise InvalidOption(f"stop must have is_set() (a threading.Event), not {validate.shown(stop)}")
+        return self._drain(name, poll, stop)
+
+    def _drain(self, name: str, poll: float, stop: Any) -> Iterator[ListRun]:
         while stop is None or not stop.is_set():
             run = self.run_next(name)
             if run is not None:
