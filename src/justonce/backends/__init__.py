@@ -31,6 +31,10 @@ def open_backend(url: str | None = None) -> Backend:
             f"malformed database URL {shown(url)}: expected sqlite:///path.db, "
             "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
         )
+    if "\x00" in url or not url.isascii() and not _encodable(url):
+        # sqlite3 and the drivers raise ValueError / UnicodeEncodeError for these.
+        raise ConfigurationError(f"malformed database URL {shown(url)}: it contains a NUL "
+                                 "character or a lone surrogate")
     scheme = urlsplit(url).scheme.lower()
     if scheme == "sqlite":
         from .sqlite.backend import SQLiteBackend
@@ -48,6 +52,14 @@ def open_backend(url: str | None = None) -> Backend:
         f"unsupported database URL scheme {shown(scheme)} in {shown(url)}: use sqlite:///path.db, "
         "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
     )
+
+
+def _encodable(url: str) -> bool:
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 __all__ = ["Backend", "DEFAULT_URL", "open_backend", "resolve_url"]

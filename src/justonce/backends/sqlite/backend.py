@@ -150,7 +150,7 @@ class SQLiteDialect(Dialect):
                 conn.execute(f"PRAGMA synchronous={self.synchronous}")
                 conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
             except sqlite3.Error as exc:
-                raise DatabaseUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+                raise DatabaseUnavailable(f"cannot open SQLite database {shown(self.path)}: {exc}") from exc
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
             with self._lock:
