@@ -8,6 +8,7 @@ usable, and the database is left exactly as it was."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
@@ -19,6 +20,8 @@ import pytest
 
 from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
 from justonce import App
+from justonce.web.app import create_app
+from test_hostile_corpus import dump
 from test_web_api import assert_problem, snapshot
 from webserver import Server, serving
 
@@ -400,11 +403,10 @@ def test_bodies_over_the_limit_are_413_with_or_without_a_length(server: Server, 
     assert snapshot(lib) == before
 
 
-def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
-        server: Server, lib: App, world: dict[str, Any]) -> None:
-    before = snapshot(lib)
+def dash_forms(w: dict[str, Any]) -> list[tuple[str, dict[str, str] | bytes]]:
+    """(route, form) pairs: bad forms on every dashboard action."""
     big = str(10**30)
-    forms: list[tuple[str, dict[str, str] | bytes]] = [
+    return [
         ("/jobs/apply", {"action": "cancel", "max_id": big, "expected": "0"}),
         ("/jobs/apply", {"action": "cancel", "max_id": "-5", "expected": "0"}),
         ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": big}),
@@ -426,12 +428,18 @@ def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
         ("/effects/resolve", b"&".join(b"f%d=1" % i for i in range(100))),
         ("/jobs/999999999/retry", {}), (f"/jobs/{big}/retry", {}), ("/jobs/-1/cancel", {}),
         ("/jobs/0/cancel", {}), ("/jobs/%00/cancel", {}), ("/jobs/abc/retry", {}),
-        (f"/jobs/{world['ready']}/retry", {}), (f"/jobs/{world['dead']}/cancel", {}),
+        (f"/jobs/{w['ready']}/retry", {}), (f"/jobs/{w['dead']}/cancel", {}),
         ("/signin", {"token": FAKE_SECRET}), ("/signin", {"token": "\u0000"}),
         ("/signin", b"token=%ED%A0%80"), ("/signin", b"token=\xff"),
         ("/lists/no-such-list/kick", {}), ("/lists/%00/kick", {}), ("/lists/" + "x" * 100 + "/kick", {}),
         ("/lists/a%2F..%2F..%2Fetc/kick", {}),
     ]
+
+
+def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    before = snapshot(lib)
+    forms = dash_forms(world)
     with server.client(server.admin) as c:
         for path, form in forms:
             r = (c.post(path, content=form, headers=FORM) if isinstance(form, bytes)
@@ -466,6 +474,124 @@ def test_unknown_ids_methods_and_path_tricks_are_problem_documents(server: Serve
         r = c.get("/static/../../../../etc/passwd")
         assert r.status_code == 404 and "root:" not in r.text
     assert snapshot(lib) == before
+
+
+# -- every route ---------------------------------------------------------------------------
+MARK = "<hostile-mark>"
+"""A value that must never come back unescaped (nor at all, in a page's flash message)."""
+
+
+def get_cases(w: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
+    """(path and query, the statuses allowed): hostile values in the path and the query of
+    every GET route. API routes answer 4xx problems; dashboard pages 4xx pages; a page
+    that takes only the codes of its flash message ignores the rest (200, nothing shown)."""
+    big, huge, q = str(2**63), str(10**30), "q" * 5_000
+    bid, lst = w["batch"], w["list"]
+    no = (400, 404, 422)
+    api = [
+        "/api/v1/jobs?state=zz", "/api/v1/jobs?queue=%00", f"/api/v1/jobs?queue={q}", "/api/v1/jobs?task=a%20b",
+        "/api/v1/jobs?task=%ED%A0%80", "/api/v1/jobs?cursor=0", f"/api/v1/jobs?cursor={big}",
+        "/api/v1/jobs?limit=0", "/api/v1/jobs?limit=abc", "/api/v1/jobs?created_after=2024-01-01T00:00:00",
+        "/api/v1/jobs?created_before=yesterday", "/api/v1/jobs/0", "/api/v1/jobs/abc", f"/api/v1/jobs/{huge}",
+        "/api/v1/jobs/999999999", "/api/v1/batches?state=zz", "/api/v1/batches?limit=0", "/api/v1/batches/0",
+        f"/api/v1/batches/{big}", "/api/v1/batches/999999999", "/api/v1/batches/0/failures",
+        "/api/v1/batches/999999999/failures", f"/api/v1/batches/{bid}/failures?limit=0",
+        "/api/v1/partitions?set=a%20b", "/api/v1/partitions?set=%00", f"/api/v1/partitions?set={q}",
+        "/api/v1/partitions?set=no-such-set", "/api/v1/effects/in-doubt?scope=%00",
+        f"/api/v1/effects/in-doubt?scope={q}", "/api/v1/effects/in-doubt?limit=0", "/api/v1/audit?cursor=0",
+        f"/api/v1/audit?cursor={big}", "/api/v1/audit?limit=0", "/api/v1/lists?limit=0",
+        "/api/v1/lists/a%20b", "/api/v1/lists/%00", "/api/v1/lists/no-such-list", f"/api/v1/lists/{q}",
+        "/api/v1/lists/a%20b/progress", "/api/v1/lists/no-such-list/progress", "/api/v1/lists/%00/buried",
+        f"/api/v1/lists/{lst}/buried?limit=0", "/api/v1/lists/no-such-list/items",
+        f"/api/v1/lists/{lst}/items?start=-1", f"/api/v1/lists/{lst}/items?start={huge}",
+        f"/api/v1/lists/{lst}/items?limit=0", f"/api/v1/lists/{lst}/items?limit=10001",
+    ]
+    pages = [
+        "/jobs?queue=%00", "/jobs?state=zz", f"/jobs?task={q}", "/jobs?before=abc", f"/jobs?before={big}",
+        "/jobs/abc", "/jobs/0", f"/jobs/{huge}", "/jobs/999999999", "/batches/abc", "/batches/999999999",
+        "/live/batches/abc", "/live/batches/999999999", "/lists/a%20b", "/lists/no-such-list",
+        f"/lists/{q}", "/live/lists/%00", "/live/lists/no-such-list",
+    ]
+    flash = f"?ok={MARK}&id={MARK}&n={huge}&err={MARK}"
+    ignored = ["/", "/live/overview", "/dashboard/snapshot", "/batches", "/live/batches", "/lists",
+               "/live/lists", "/partitions", "/live/partitions", "/effects", "/live/effects",
+               f"/signin?next=//evil.example/{MARK}"]
+    return ([(p, no) for p in api + pages] + [(p + (flash if "?" not in p else ""), (200,)) for p in ignored])
+
+
+def credential_cases() -> list[str]:
+    """GET routes whose only input is who is calling: asked with a forged bearer token."""
+    return ["/api/v1/queues", "/api/v1/session", "/metrics"]
+
+
+ROUTE_NO_INPUT = {
+    # The service describing itself: the same document for everyone, nothing to refuse.
+    ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc"),
+}
+
+
+def route_table() -> dict[tuple[str, str], re.Pattern[str]]:
+    """Every (method, path template) the service routes, with a pattern of its paths."""
+    api = create_app(App("sqlite:///never-opened.db", strict=False))
+    table: dict[tuple[str, str], re.Pattern[str]] = {}
+
+    def walk(routes: list[Any], prefix: str) -> None:
+        for route in routes:
+            inner = getattr(route, "original_router", None)
+            if inner is not None:  # FastAPI keeps an included router whole (0.16x)
+                walk(inner.routes, prefix + route.include_context.prefix)
+                continue
+            path = prefix + route.path
+            pattern = "".join("[^/]*" if part.startswith("{") else re.escape(part)
+                              for part in re.split(r"(\{[^}]+\})", path))
+            methods = getattr(route, "methods", None)
+            if methods is None:  # a mount (the static files)
+                pattern, methods = pattern + "(/.*)?", {"GET"}
+            for method in set(methods) - {"HEAD"}:
+                table[(method, path)] = re.compile(f"^{pattern}$")
+
+    walk(api.routes, "")
+    return table
+
+
+def routes_hit(table: dict[tuple[str, str], re.Pattern[str]], method: str, path: str) -> set[tuple[str, str]]:
+    """The route a request goes to (a fixed path wins over a template that also matches)."""
+    path = path.split("?", 1)[0]
+    found = [key for key, pattern in table.items() if key[0] == method and pattern.match(path)]
+    return set(sorted(found, key=lambda key: key[1].count("{"))[:1])
+
+
+def test_hostile_path_and_query_values_on_every_get_route_are_refused_and_change_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    before = dump(lib, skip=("justonce_api_tokens",))  # a token's last use is recorded
+    with server.client(server.admin) as c:
+        for path, statuses in get_cases(world):
+            r = c.get(path)
+            assert r.status_code in statuses, (path[:100], r.status_code, r.text[:300])
+            assert "Traceback" not in r.text and MARK not in r.text, path[:100]
+            if r.status_code >= 400 and path.startswith("/api/"):
+                assert r.headers["content-type"].startswith("application/problem+json"), path[:100]
+    with server.client(FAKE_SECRET) as c:
+        for path in credential_cases():
+            refused(c.get(path), 401)
+    assert dump(lib, skip=("justonce_api_tokens",)) == before
+
+
+def test_every_route_is_in_the_hostile_corpus(world: dict[str, Any]) -> None:
+    """Each route of the service (the API, the dashboard, /metrics, the static files) gets
+    hostile input from one of the tests of this module: a new route fails here until it
+    does (or ROUTE_NO_INPUT says why it takes none)."""
+    table = route_table()
+    requests = [("POST", p) for p, _ in api_actions(world) + hostile_json(world)]
+    requests += [("POST", p) for p, _ in dash_actions(world) + dash_forms(world)]
+    requests += [("GET", p) for p, _ in get_cases(world)] + [("GET", p) for p in credential_cases()]
+    requests += [("POST", "/signout"), ("POST", "/api/v1/session/end"),  # the CSRF test
+                 ("GET", "/static/../../../../etc/passwd")]  # the path tricks
+    hit = set().union(*(routes_hit(table, m, p) for m, p in requests))
+    missing = set(table) - hit - ROUTE_NO_INPUT
+    assert not missing, f"routes the hostile corpus does not cover: {sorted(missing)}"
+    assert not ROUTE_NO_INPUT - set(table), f"stale exclusions: {sorted(ROUTE_NO_INPUT - set(table))}"
+    assert len(table) >= 60, len(table)
 
 
 # -- where the browser goes, and what it is shown ------------------------------------------
