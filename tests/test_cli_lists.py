@@ -108,6 +108,21 @@ def test_a_bad_line_stops_with_its_number_and_the_list_stays_unsealed(app: App, 
     assert "Traceback" not in result.output
 
 
+def test_a_bad_line_before_any_item_was_appended_leaves_no_list(app: App, db_url: str,
+                                                                 tmp_path: Path) -> None:
+    url = ["--database-url", db_url]
+    for name, body in (("first", b'{"oops": \n1\n'), ("nul", b'"a\\u0000b"\n1\n'),
+                       ("deep", b"[" * 10_000 + b"]" * 10_000 + b"\n"),
+                       ("big", b'"' + b"x" * 300_000 + b'"\n')):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(body)
+        result = run("lists", "create", name, "--from", str(path), *url, ok=False)
+        message = result.output.strip().splitlines()[-1]
+        assert result.exit_code == 1 and message.startswith("Error: line "), result.output
+        assert "nothing was appended" in message and "not created" in message, message
+        assert name not in {i.name for i in app.lists.list()}
+
+
 def test_kick_revives_buried_positions(app: App, db_url: str) -> None:
     url = ["--database-url", db_url]
     app.lists.create("kicks", items=range(6))

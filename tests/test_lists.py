@@ -18,6 +18,7 @@ from justonce import (
     InvalidArguments,
     InvalidName,
     InvalidOption,
+    JustonceError,
     ListExists,
     ListNotFound,
     ListNotSealed,
@@ -433,3 +434,16 @@ def test_a_bad_item_deep_in_a_load_keeps_the_chunks_before_it_and_says_so(lapp: 
     assert (info.state, info.progress.total) == ("loading", LOAD_CHUNK)
     lapp.lists.append("partial", [1, 2])
     assert lapp.lists.seal("partial").progress.total == LOAD_CHUNK + 2
+
+
+@pytest.mark.parametrize("bad", [object(), "a\ud800b", "a\x00b", float("nan"), "x" * 300_000],
+                         ids=["object", "lone-surrogate", "nul", "nan", "oversize"])
+def test_a_bad_item_in_the_first_chunk_leaves_no_list_behind(lapp: App, bad: Any) -> None:
+    from justonce.lists import LOAD_CHUNK
+
+    for items in ([bad], [1, 2, bad], [*range(LOAD_CHUNK - 1), bad]):
+        with pytest.raises(JustonceError):
+            lapp.lists.create("refused", items=iter(items))
+        with pytest.raises(ListNotFound):
+            lapp.lists.get("refused")
+    assert [i.name for i in lapp.lists.list()] == []

@@ -8,6 +8,7 @@ usable, and the database is left exactly as it was."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
@@ -19,12 +20,17 @@ import pytest
 
 from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
 from justonce import App
-from test_web_api import assert_problem, snapshot
+from justonce.web.app import create_app
+from test_hostile_corpus import dump
+from test_web_api import assert_problem
 from webserver import Server, serving
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 JSON = {"content-type": "application/json"}
 FAKE_SECRET = "jo_deadbeef_" + "A" * 43
+TOUCHED = ("justonce_api_tokens",)
+"""Left out of the dump a refused request must leave alone: a token's last use is recorded
+(at most once a minute) by any request, refused or not."""
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres", "mysql"])
@@ -145,7 +151,7 @@ def sign_in(server: Server, secret: str) -> tuple[httpx.Client, str]:
 # -- who may act ------------------------------------------------------------------------
 def test_every_action_refuses_missing_wrong_revoked_and_read_only_credentials(
         server: Server, lib: App, world: dict[str, Any], revoked: str) -> None:
-    before = snapshot(lib)
+    before = dump(lib, skip=TOUCHED)
     for token, status in ((None, 401), (FAKE_SECRET, 401), ("garbage", 401), (revoked, 401),
                           (server.reader, 403)):
         with server.client(token) as c:
@@ -172,7 +178,7 @@ def test_every_action_refuses_missing_wrong_revoked_and_read_only_credentials(
             refused(browser.post(path, json=body, headers={"X-CSRF-Token": csrf}), 403)
         for path, form in dash_actions(world):
             refused(browser.post(path, data={**form, "csrf": csrf}), 403)
-    assert snapshot(lib) == before
+    assert dump(lib, skip=TOUCHED) == before
 
 
 def test_every_cookie_post_needs_the_sessions_own_csrf_token(
@@ -180,7 +186,7 @@ def test_every_cookie_post_needs_the_sessions_own_csrf_token(
     browser, csrf = sign_in(server, server.admin)
     other, other_csrf = sign_in(server, server.admin)
     other.close()
-    before = snapshot(lib)
+    before = dump(lib, skip=TOUCHED)
     with closing(browser):
         changed = ("y" if csrf[0] == "x" else "x") + csrf[1:]  # never csrf itself
         for forged in (None, "", changed, other_csrf, csrf + "x", "\u00e9" * 10):
@@ -193,7 +199,7 @@ def test_every_cookie_post_needs_the_sessions_own_csrf_token(
             refused(browser.post("/signout", data={} if forged is None else {"csrf": forged}), 403)
         # Still signed in: a sign-out without the token did not end the session.
         assert browser.get("/api/v1/session").status_code == 200
-        assert snapshot(lib) == before
+        assert dump(lib, skip=TOUCHED) == before
         out = browser.post("/signout", data={"csrf": csrf})
         assert out.status_code == 303
         refused(browser.get("/api/v1/session"), 401)
@@ -203,7 +209,7 @@ def test_every_cookie_post_needs_the_sessions_own_csrf_token(
         refused(browser.get("/api/v1/session"), 401)
     with server.client() as anon:
         refused(anon.post("/api/v1/session/end"), 401)
-    assert snapshot(lib) == before
+    assert dump(lib, skip=TOUCHED) == before
 
 
 def test_session_cookies_are_httponly_strict_rooted_and_tampering_signs_out(
@@ -220,7 +226,7 @@ def test_session_cookies_are_httponly_strict_rooted_and_tampering_signs_out(
         value = c.cookies["justonce_session"]
         token_id, issued, nonce, sig = value.split(".")
         csrf = c.cookies["justonce_csrf"]
-    before = snapshot(lib)
+    before = dump(lib, skip=TOUCHED)
     tampered = [f"{int(token_id) + 1}.{issued}.{nonce}.{sig}", f"{token_id}.{int(issued) + 1}.{nonce}.{sig}",
                 f"{token_id}.{issued}.{nonce}x.{sig}", f"{token_id}.{issued}.{nonce}.{sig[:-2]}",
                 f"{token_id}.{issued}.{nonce}", "", "....", "1.1.1.1", "\u00ff" * 50, "x" * 4000,
@@ -235,7 +241,7 @@ def test_session_cookies_are_httponly_strict_rooted_and_tampering_signs_out(
             refused(c.post("/signout", data={"csrf": csrf}, headers=cookie), 401)
             # pages send the browser to sign in
             assert c.get("/jobs", headers=cookie).status_code == 303
-    assert snapshot(lib) == before
+    assert dump(lib, skip=TOUCHED) == before
 
 
 # -- what is sent -------------------------------------------------------------------------
@@ -367,7 +373,7 @@ def list_bodies(w: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def test_hostile_json_on_every_api_route_is_a_4xx_problem_and_changes_nothing(
         server: Server, lib: App, world: dict[str, Any]) -> None:
-    before = snapshot(lib)
+    before = dump(lib, skip=TOUCHED)
     with server.client(server.admin) as c:
         for path, body in hostile_json(world):
             r = c.post(path, content=body, headers=JSON)
@@ -376,11 +382,11 @@ def test_hostile_json_on_every_api_route_is_a_4xx_problem_and_changes_nothing(
         # Still one usable keep-alive connection, and everything still reads back.
         assert c.get("/api/v1/jobs").status_code == 200
         assert c.get(f"/api/v1/jobs/{world['ready']}").status_code == 200
-    assert snapshot(lib) == before
+    assert dump(lib, skip=TOUCHED) == before
 
 
 def test_bodies_over_the_limit_are_413_with_or_without_a_length(server: Server, lib: App) -> None:
-    before = snapshot(lib)
+    before = dump(lib, skip=TOUCHED)
     limit = 8 * 1024 * 1024
 
     def chunks() -> Iterator[bytes]:
@@ -397,14 +403,13 @@ def test_bodies_over_the_limit_are_413_with_or_without_a_length(server: Server, 
             assert_problem(r, 413, "BodyTooLarge")
     with server.client(server.admin) as c:
         refused(c.post("/jobs/apply", content=b"a=" + b"x" * 20_000, headers=FORM), 413)
-    assert snapshot(lib) == before
+    assert dump(lib, skip=TOUCHED) == before
 
 
-def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
-        server: Server, lib: App, world: dict[str, Any]) -> None:
-    before = snapshot(lib)
+def dash_forms(w: dict[str, Any]) -> list[tuple[str, dict[str, str] | bytes]]:
+    """(route, form) pairs: bad forms on every dashboard action."""
     big = str(10**30)
-    forms: list[tuple[str, dict[str, str] | bytes]] = [
+    return [
         ("/jobs/apply", {"action": "cancel", "max_id": big, "expected": "0"}),
         ("/jobs/apply", {"action": "cancel", "max_id": "-5", "expected": "0"}),
         ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": big}),
@@ -426,12 +431,18 @@ def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
         ("/effects/resolve", b"&".join(b"f%d=1" % i for i in range(100))),
         ("/jobs/999999999/retry", {}), (f"/jobs/{big}/retry", {}), ("/jobs/-1/cancel", {}),
         ("/jobs/0/cancel", {}), ("/jobs/%00/cancel", {}), ("/jobs/abc/retry", {}),
-        (f"/jobs/{world['ready']}/retry", {}), (f"/jobs/{world['dead']}/cancel", {}),
+        (f"/jobs/{w['ready']}/retry", {}), (f"/jobs/{w['dead']}/cancel", {}),
         ("/signin", {"token": FAKE_SECRET}), ("/signin", {"token": "\u0000"}),
         ("/signin", b"token=%ED%A0%80"), ("/signin", b"token=\xff"),
         ("/lists/no-such-list/kick", {}), ("/lists/%00/kick", {}), ("/lists/" + "x" * 100 + "/kick", {}),
         ("/lists/a%2F..%2F..%2Fetc/kick", {}),
     ]
+
+
+def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    before = dump(lib, skip=TOUCHED)
+    forms = dash_forms(world)
     with server.client(server.admin) as c:
         for path, form in forms:
             r = (c.post(path, content=form, headers=FORM) if isinstance(form, bytes)
@@ -439,11 +450,11 @@ def test_hostile_forms_on_every_dashboard_route_are_4xx_and_change_nothing(
             assert r.status_code != 303, (path, form)
             refused(r, 400, 401, 404, 405, 409, 413, 422)
         assert c.get("/api/v1/jobs").status_code == 200
-    assert snapshot(lib) == before
+    assert dump(lib, skip=TOUCHED) == before
 
 
 def test_unknown_ids_methods_and_path_tricks_are_problem_documents(server: Server, lib: App) -> None:
-    before = snapshot(lib)
+    before = dump(lib, skip=TOUCHED)
     with server.client(server.admin) as c:
         for path in ("/api/v1/jobs/999999999/cancel", "/api/v1/jobs/999999999/retry",
                      "/api/v1/batches/999999999/seal", "/api/v1/batches/999999999/groups",
@@ -465,7 +476,125 @@ def test_unknown_ids_methods_and_path_tricks_are_problem_documents(server: Serve
         assert_problem(c.get("/api/v1/jobs/0"), 422, "RequestValidation")
         r = c.get("/static/../../../../etc/passwd")
         assert r.status_code == 404 and "root:" not in r.text
-    assert snapshot(lib) == before
+    assert dump(lib, skip=TOUCHED) == before
+
+
+# -- every route ---------------------------------------------------------------------------
+MARK = "<hostile-mark>"
+"""A value that must never come back unescaped (nor at all, in a page's flash message)."""
+
+
+def get_cases(w: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
+    """(path and query, the statuses allowed): hostile values in the path and the query of
+    every GET route. API routes answer 4xx problems; dashboard pages 4xx pages; a page
+    that takes only the codes of its flash message ignores the rest (200, nothing shown)."""
+    big, huge, q = str(2**63), str(10**30), "q" * 5_000
+    bid, lst = w["batch"], w["list"]
+    no = (400, 404, 422)
+    api = [
+        "/api/v1/jobs?state=zz", "/api/v1/jobs?queue=%00", f"/api/v1/jobs?queue={q}", "/api/v1/jobs?task=a%20b",
+        "/api/v1/jobs?task=%ED%A0%80", "/api/v1/jobs?cursor=0", f"/api/v1/jobs?cursor={big}",
+        "/api/v1/jobs?limit=0", "/api/v1/jobs?limit=abc", "/api/v1/jobs?created_after=2024-01-01T00:00:00",
+        "/api/v1/jobs?created_before=yesterday", "/api/v1/jobs/0", "/api/v1/jobs/abc", f"/api/v1/jobs/{huge}",
+        "/api/v1/jobs/999999999", "/api/v1/batches?state=zz", "/api/v1/batches?limit=0", "/api/v1/batches/0",
+        f"/api/v1/batches/{big}", "/api/v1/batches/999999999", "/api/v1/batches/0/failures",
+        "/api/v1/batches/999999999/failures", f"/api/v1/batches/{bid}/failures?limit=0",
+        "/api/v1/partitions?set=a%20b", "/api/v1/partitions?set=%00", f"/api/v1/partitions?set={q}",
+        "/api/v1/partitions?set=no-such-set", "/api/v1/effects/in-doubt?scope=%00",
+        f"/api/v1/effects/in-doubt?scope={q}", "/api/v1/effects/in-doubt?limit=0", "/api/v1/audit?cursor=0",
+        f"/api/v1/audit?cursor={big}", "/api/v1/audit?limit=0", "/api/v1/lists?limit=0",
+        "/api/v1/lists/a%20b", "/api/v1/lists/%00", "/api/v1/lists/no-such-list", f"/api/v1/lists/{q}",
+        "/api/v1/lists/a%20b/progress", "/api/v1/lists/no-such-list/progress", "/api/v1/lists/%00/buried",
+        f"/api/v1/lists/{lst}/buried?limit=0", "/api/v1/lists/no-such-list/items",
+        f"/api/v1/lists/{lst}/items?start=-1", f"/api/v1/lists/{lst}/items?start={huge}",
+        f"/api/v1/lists/{lst}/items?limit=0", f"/api/v1/lists/{lst}/items?limit=10001",
+    ]
+    pages = [
+        "/jobs?queue=%00", "/jobs?state=zz", f"/jobs?task={q}", "/jobs?before=abc", f"/jobs?before={big}",
+        "/jobs/abc", "/jobs/0", f"/jobs/{huge}", "/jobs/999999999", "/batches/abc", "/batches/999999999",
+        "/live/batches/abc", "/live/batches/999999999", "/lists/a%20b", "/lists/no-such-list",
+        f"/lists/{q}", "/live/lists/%00", "/live/lists/no-such-list",
+    ]
+    flash = f"?ok={MARK}&id={MARK}&n={huge}&err={MARK}"
+    ignored = ["/", "/live/overview", "/dashboard/snapshot", "/batches", "/live/batches", "/lists",
+               "/live/lists", "/partitions", "/live/partitions", "/effects", "/live/effects",
+               f"/signin?next=//evil.example/{MARK}"]
+    return ([(p, no) for p in api + pages] + [(p + (flash if "?" not in p else ""), (200,)) for p in ignored])
+
+
+def credential_cases() -> list[str]:
+    """GET routes whose only input is who is calling: asked with a forged bearer token."""
+    return ["/api/v1/queues", "/api/v1/session", "/metrics"]
+
+
+ROUTE_NO_INPUT = {
+    # The service describing itself: the same document for everyone, nothing to refuse.
+    ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc"),
+}
+
+
+def route_table() -> dict[tuple[str, str], re.Pattern[str]]:
+    """Every (method, path template) the service routes, with a pattern of its paths."""
+    api = create_app(App("sqlite:///never-opened.db", strict=False))
+    table: dict[tuple[str, str], re.Pattern[str]] = {}
+
+    def walk(routes: list[Any], prefix: str) -> None:
+        for route in routes:
+            inner = getattr(route, "original_router", None)
+            if inner is not None:  # FastAPI keeps an included router whole (0.16x)
+                walk(inner.routes, prefix + route.include_context.prefix)
+                continue
+            path = prefix + route.path
+            pattern = "".join("[^/]*" if part.startswith("{") else re.escape(part)
+                              for part in re.split(r"(\{[^}]+\})", path))
+            methods = getattr(route, "methods", None)
+            if methods is None:  # a mount (the static files)
+                pattern, methods = pattern + "(/.*)?", {"GET"}
+            for method in set(methods) - {"HEAD"}:
+                table[(method, path)] = re.compile(f"^{pattern}$")
+
+    walk(api.routes, "")
+    return table
+
+
+def routes_hit(table: dict[tuple[str, str], re.Pattern[str]], method: str, path: str) -> set[tuple[str, str]]:
+    """The route a request goes to (a fixed path wins over a template that also matches)."""
+    path = path.split("?", 1)[0]
+    found = [key for key, pattern in table.items() if key[0] == method and pattern.match(path)]
+    return set(sorted(found, key=lambda key: key[1].count("{"))[:1])
+
+
+def test_hostile_path_and_query_values_on_every_get_route_are_refused_and_change_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    before = dump(lib, skip=TOUCHED)
+    with server.client(server.admin) as c:
+        for path, statuses in get_cases(world):
+            r = c.get(path)
+            assert r.status_code in statuses, (path[:100], r.status_code, r.text[:300])
+            assert "Traceback" not in r.text and MARK not in r.text, path[:100]
+            if r.status_code >= 400 and path.startswith("/api/"):
+                assert r.headers["content-type"].startswith("application/problem+json"), path[:100]
+    with server.client(FAKE_SECRET) as c:
+        for path in credential_cases():
+            refused(c.get(path), 401)
+    assert dump(lib, skip=TOUCHED) == before
+
+
+def test_every_route_is_in_the_hostile_corpus(world: dict[str, Any]) -> None:
+    """Each route of the service (the API, the dashboard, /metrics, the static files) gets
+    hostile input from one of the tests of this module: a new route fails here until it
+    does (or ROUTE_NO_INPUT says why it takes none)."""
+    table = route_table()
+    requests = [("POST", p) for p, _ in api_actions(world) + hostile_json(world)]
+    requests += [("POST", p) for p, _ in dash_actions(world) + dash_forms(world)]
+    requests += [("GET", p) for p, _ in get_cases(world)] + [("GET", p) for p in credential_cases()]
+    requests += [("POST", "/signout"), ("POST", "/api/v1/session/end"),  # the CSRF test
+                 ("GET", "/static/../../../../etc/passwd")]  # the path tricks
+    hit = set().union(*(routes_hit(table, m, p) for m, p in requests))
+    missing = set(table) - hit - ROUTE_NO_INPUT
+    assert not missing, f"routes the hostile corpus does not cover: {sorted(missing)}"
+    assert not ROUTE_NO_INPUT - set(table), f"stale exclusions: {sorted(ROUTE_NO_INPUT - set(table))}"
+    assert len(table) >= 60, len(table)
 
 
 # -- where the browser goes, and what it is shown ------------------------------------------
@@ -532,3 +661,22 @@ def test_token_secrets_are_never_echoed_or_logged(served: tuple[Server, Path], l
     for secret in (server.admin, server.reader, bad):
         assert secret not in text and secret[12:] not in text
     assert "Traceback" not in text
+
+
+def test_json_nested_10000_deep_is_a_malformed_json_problem_on_every_route(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    """A body nested past the parser's recursion limit was FastAPI's "There was an error
+    parsing the body" (a BadRequest that did not say what was wrong), not the problem the
+    service answers for any other malformed JSON."""
+    before = dump(lib, skip=TOUCHED)
+    bodies = [b"[" * 10_000 + b"]" * 10_000, b'{"a":' * 10_000 + b"1" + b"}" * 10_000,
+              b'{"task": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"]
+    routes = [p for p, body in api_actions(world) if body] + ["/api/v1/jobs/actions/preview", "/api/v1/session"]
+    with server.client(server.admin) as c:
+        for path in routes:
+            for body in bodies:
+                assert_problem(c.post(path, content=body, headers=JSON), 400, "MalformedJson")
+        assert_problem(c.post(f"/api/v1/lists/{world['open']}/items", content=bodies[0] + b"\n",
+                              headers={"content-type": "application/x-ndjson"}), 400, "MalformedJson")
+        assert c.get("/api/v1/jobs").status_code == 200
+    assert dump(lib, skip=TOUCHED) == before

@@ -107,7 +107,10 @@ class App:
         """
 
         def register(f: Callable[..., Any]) -> Task:
-            task_name = validate.task_name(name or f"{f.__module__}.{f.__qualname__}")
+            if not callable(f):
+                raise InvalidOption(f"a task is a function, not {validate.shown(f)}")
+            default = f"{getattr(f, '__module__', None)}.{getattr(f, '__qualname__', None)}"
+            task_name = validate.task_name(default if name is None else name)
             if task_name in self.tasks:
                 raise InvalidOption(f"task {task_name!r} is registered twice")
             if backoff is not None and not (isinstance(backoff, Backoff) or callable(backoff)):
@@ -139,6 +142,8 @@ class App:
     def build(self, req: Enqueue) -> NewJob:
         """Validate one request into the row to insert (no database access). A registered
         task's defaults were validated when it was registered and are not checked again."""
+        if not isinstance(req, Enqueue):
+            raise InvalidOption(f"a request is an Enqueue, not {type(req).__name__}")
         name, t = self._resolve(req.task)
         args_json, kwargs_json = validate.arguments(req.args, req.kwargs)
         if req.delay is not None and req.run_at is not None:
@@ -206,7 +211,7 @@ class App:
         arguments) with the same options, in one round trip. The options are validated
         once, not once per job."""
         template = self.build(Enqueue(task, **options))
-        calls = list(calls)
+        calls = validate.call_list(calls)
         if not calls:
             return []
         if template.key is not None:
@@ -227,9 +232,9 @@ class App:
         self, *, state: str | JobState | None = None, queue: str | None = None,
         task: str | None = None, limit: int = 50,
     ) -> list[Job]:
-        st = validate.optional_state(state, JobState)
+        where = self.job_filter(state=state, queue=queue, task=task)
         limit = validate.count(limit, "limit", 10000)
-        return self.backend.job_page(JobFilter(state=st, queue=queue, task=task), None, limit)
+        return self.backend.job_page(where, None, limit)
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a scheduled, ready or running job. A running job's worker can no longer
@@ -283,15 +288,25 @@ class App:
             max_id=_job_id(max_id) if max_id is not None else None,
         )
 
+    def _checked(self, where: Any) -> JobFilter:
+        """``where`` validated part by part: a JobFilter can be built by hand, and its
+        parts go to SQL as parameters."""
+        if not isinstance(where, JobFilter):
+            raise InvalidOption(f"where must be a JobFilter (app.job_filter), not {type(where).__name__}")
+        return self.job_filter(state=where.state, queue=where.queue, task=where.task,
+                               created_after=where.created_after,
+                               created_before=where.created_before, max_id=where.max_id)
+
     def list_jobs_page(self, where: JobFilter | None = None, *, cursor: int | None = None,
                        limit: int = 50) -> tuple[list[Job], int | None]:
         """One page of jobs matching ``where``, newest first, and the cursor of the next
         page (None on the last one). Keyset paging by id: pages stay consistent while jobs
         are added (new ones never shift an old page)."""
+        where = JobFilter() if where is None else self._checked(where)
         limit = validate.count(limit, "limit", 1000)
         if cursor is not None:
             _job_id(cursor)
-        jobs = self.backend.job_page(where or JobFilter(), cursor, limit + 1)
+        jobs = self.backend.job_page(where, cursor, limit + 1)
         more = len(jobs) > limit
         jobs = jobs[:limit]
         return jobs, (jobs[-1].id if more else None)
@@ -299,7 +314,7 @@ class App:
     def count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
         """The preview of an action on all matching jobs: (how many jobs it would act
         on, the highest id among them, to pass to :meth:`apply_matching`)."""
-        _action_states(action, where)
+        _action_states(action, self._checked(where))
         return self.backend.jobs_count_matching(action, where)
 
     def apply_matching(self, action: str, where: JobFilter, *, expected: int,
@@ -310,10 +325,10 @@ class App:
         Pass the preview's ``max_id`` in ``where`` so that jobs created after the preview
         are never touched. Raises :class:`CountChanged` (and changes nothing) when more
         jobs match now than ``expected + tolerance``; fewer is fine (some finished)."""
-        _action_states(action, where)
+        _action_states(action, self._checked(where))
         for value, what in ((expected, "expected"), (tolerance, "tolerance")):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise InvalidOption(f"{what} must be an integer in [0, 2**63), not {value!r}")
+                raise InvalidOption(f"{what} must be an integer in [0, 2**63), not {validate.shown(value)}")
         chunk = validate.count(chunk, "chunk", 10_000)
         now, _ = self.backend.jobs_count_matching(action, where)
         if now > expected + tolerance:
@@ -344,9 +359,9 @@ _ACTION_STATES = {"cancel": ("scheduled", "ready", "running"), "retry": ("dead",
 
 
 def _action_states(action: str, where: JobFilter) -> None:
-    states = _ACTION_STATES.get(action)
+    states = _ACTION_STATES.get(action) if isinstance(action, str) else None
     if states is None:
-        raise InvalidOption(f"action must be cancel or retry, not {action!r}")
+        raise InvalidOption(f"action must be cancel or retry, not {validate.shown(action)}")
     if where.state is not None and where.state not in states:
         raise InvalidOption(f"{action} applies to jobs in states {', '.join(states)}, not {where.state}")
 

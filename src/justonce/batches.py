@@ -121,7 +121,7 @@ class Batches:
         """Like :meth:`App.enqueue_calls`, one job per call, each job an item of a new
         group of the batch (the fast path for a large fan-out)."""
         template = self.app.build(Enqueue(task, **options))
-        calls = list(calls)
+        calls = validate.call_list(calls)
         _check_jobs(len(calls), template.key is not None)
         args_doc, kwargs_doc = validate.batch_arguments(calls)
         return self.app.backend.batch_enqueue_calls(
@@ -181,7 +181,8 @@ class Batches:
     def _callback(self, which: str, cb: Callback) -> dict[str, Any]:
         req = cb if isinstance(cb, Enqueue) else Enqueue(cb) if isinstance(cb, (str, Task)) else None
         if req is None:
-            raise InvalidOption(f"on_{which} must be a task name, a Task or an Enqueue, not {cb!r}")
+            raise InvalidOption(
+                f"on_{which} must be a task name, a Task or an Enqueue, not {validate.shown(cb)}")
         if req.key is not None or req.delay is not None or req.run_at is not None:
             raise InvalidOption(f"on_{which} cannot have a key, a delay or run_at: it runs on completion")
         if req.kwargs and "batch" in req.kwargs:

@@ -19,6 +19,7 @@ from .app import App
 from .errors import ConfigurationError, InvalidOption, JustonceError
 from .models import BatchInfo, Job
 from .types import BatchState, JobState
+from .validate import shown
 
 out = Console()
 
@@ -47,16 +48,16 @@ def load_app(path: str | None, database_url: str | None, strict: bool = True) ->
         return App(database_url, strict=strict)
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigurationError(f"--app {path!r} must look like package.module:app")
+        raise ConfigurationError(f"--app {shown(path)} must look like package.module:app")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for --app: {exc}") from None
+        raise ConfigurationError(f"cannot import {shown(module_name)} for --app: {exc}") from None
     app = getattr(module, attr, None)
     if not isinstance(app, App):
-        raise ConfigurationError(f"{path!r} is not a justonce.App (got {type(app).__name__})")
+        raise ConfigurationError(f"{shown(path)} is not a justonce.App (got {type(app).__name__})")
     if database_url:
         app.use_database(database_url)
     return app

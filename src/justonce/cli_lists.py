@@ -114,8 +114,8 @@ class _Loader:
     one are the items checked here one by one, to append those before the bad one and name
     its line (checking each item twice would cost a third of a load's time)."""
 
-    def __init__(self, app: App, name: str, label: str) -> None:
-        self.app, self.name, self.label = app, name, label
+    def __init__(self, app: App, name: str, label: str, created: bool = False) -> None:
+        self.app, self.name, self.label, self.created = app, name, label, created
         self.items: list[Any] = []
         self.lines: list[int] = []
         self.appended = 0
@@ -145,6 +145,9 @@ class _Loader:
 
     def bad(self, line: int, what: str) -> BadLine:
         name = self.name
+        if self.created and not self.appended:
+            return BadLine(f"line {line} of {self.label}: {what}. As nothing was appended, list "
+                           f"{name!r} was not created.")
         return BadLine(
             f"line {line} of {self.label}: {what}. The {self.appended:,} items before it were "
             f"appended and stay; list {name!r} is NOT sealed (still loading): append the rest "
@@ -152,12 +155,22 @@ class _Loader:
             f"`justonce lists drop {name}`.")
 
 
-def _load(app: App, name: str, source: IO[bytes]) -> int:
+def _load(app: App, name: str, source: IO[bytes], created: bool = False) -> int:
     """Append the JSON lines of ``source`` to list ``name`` in transactions of LOAD_CHUNK,
     with a progress bar of the bytes read. A bad line appends the items before it, then
-    stops with its number (the list stays unsealed)."""
+    stops with its number (the list stays unsealed); ``created``: the list was created for
+    this load, and is dropped again when the load stops before any item was appended."""
     label = getattr(source, "name", "-")
-    loader = _Loader(app, name, "stdin" if label in ("-", "<stdin>") else str(label))
+    loader = _Loader(app, name, "stdin" if label in ("-", "<stdin>") else str(label), created)
+    try:
+        return _read(loader, source)
+    except BaseException:
+        if created and not loader.appended:
+            app.lists.drop(name)
+        raise
+
+
+def _read(loader: _Loader, source: IO[bytes]) -> int:
     columns = [TextColumn("loading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TextColumn("{task.fields[items]:,} items")]
     with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
@@ -213,7 +226,7 @@ def lists_create(name: str, source: IO[bytes], task: str | None, ttr: float, max
     app = load_app(app_path, database_url, strict=app_path is not None)
     app.lists.create(name, task=task, seal=False, ttr=ttr, max_attempts=max_attempts,
                      on_complete=on_complete)
-    _loaded(app, name, _load(app, name, source), not no_seal)
+    _loaded(app, name, _load(app, name, source, created=True), not no_seal)
 
 
 @lists.command("append")

@@ -123,6 +123,10 @@ class EffectClaim:
 
     def __init__(self, effects: Effects, scope: str, key: str, found: str, token: int | None,
                  conn: Any) -> None:
+        # Built by claim; checked all the same, as its fields go to SQL when it is done.
+        scope, key = _scope(scope), _key(key)
+        if token is not None:
+            validate.int64(token, "token")
         self._effects, self.scope, self.key = effects, scope, key
         self.state, self.token, self._conn = found, token, conn
         self.idempotency_key = f"{scope}:{key}"
@@ -166,13 +170,13 @@ class Effects:
               conn: Any = None, owner: str | None = None) -> EffectClaim:
         """Claim the entry of (scope, key) if the effect may be done now."""
         scope, key = _scope(scope), _key(key)
-        if policy not in POLICIES:
-            raise InvalidOption(f"policy must be one of {POLICIES}, not {policy!r}")
+        _policy(policy)
         lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
         wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
+        who = _owner() if owner is None else validate.owner(owner)
         failpoints.hit("effect.before_claim")
         found, token = self.app.backend.effect_claim(
-            scope, key, policy, owner or _owner(), lease_s, wait, conn=conn)
+            scope, key, policy, who, lease_s, wait, conn=conn)
         return EffectClaim(self, scope, key, found, token, conn)
 
     def run(self, scope: str, key: Any, fn: Callable[[str], Any], *, policy: str = AT_MOST_ONCE,
@@ -234,8 +238,7 @@ class Effects:
         scope = _scope(scope)
         if not callable(fn):
             raise InvalidOption("fn must be a callable taking the idempotency key")
-        if policy not in POLICIES:
-            raise InvalidOption(f"policy must be one of {POLICIES}, not {policy!r}")
+        _policy(policy)
         lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
         wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
         size = validate.count(chunk, "chunk", MAX_CHUNK)
@@ -319,9 +322,10 @@ class Effects:
         redo) or ``done=False`` (it did not: claimable again). ``force`` also resolves an
         entry whose lease has not expired yet."""
         scope, key = _scope(scope), _key(key)
+        done, force = validate.flag(done, "done"), validate.flag(force, "force")
         if note is not None:
             note = validate.text(note, "note", 4000)
-        ok = self.app.backend.effect_resolve(scope, key, "done" if done else "pending", note, bool(force))
+        ok = self.app.backend.effect_resolve(scope, key, "done" if done else "pending", note, force)
         if not ok:
             info = self.get(scope, key)
             raise InvalidTransition(
@@ -337,15 +341,16 @@ class Effects:
         no entry is left as it is and is not in the answer. Keys are resolved in
         transactions of a few thousand, each entry under its row lock."""
         scope, ordered = _scope(scope), _many_keys(keys)
+        done, force = validate.flag(done, "done"), validate.flag(force, "force")
         if note is not None:
             note = validate.text(note, "note", 4000)
         return self.app.backend.effect_resolve_many(scope, ordered, "done" if done else "pending",
-                                                    note, bool(force))
+                                                    note, force)
 
     def list(self, scope: str, state: str | None = None, limit: int = 1000) -> builtins.list[EffectInfo]:
         """The entries of a scope (``state``: pending, running or done), by key."""
         if state not in (None, "pending", "running", "done"):
-            raise InvalidOption(f"state must be pending, running or done, not {state!r}")
+            raise InvalidOption(f"state must be pending, running or done, not {validate.shown(state)}")
         return self.app.backend.effects_list(_scope(scope), state, validate.count(limit, "limit", 10_000_000))
 
     def counts(self, scope: str) -> dict[str, int]:
@@ -365,7 +370,8 @@ class Effects:
 
 def _scope(value: Any) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_SCOPE:
-        raise InvalidOption(f"scope must be a non-empty string of at most {MAX_SCOPE}, not {value!r}")
+        raise InvalidOption(
+            f"scope must be a non-empty string of at most {MAX_SCOPE}, not {validate.shown(value)}")
     return validate.text(value, "scope", MAX_SCOPE)
 
 
@@ -382,6 +388,12 @@ def _many_keys(keys: Any) -> builtins.list[str]:
         raise InvalidOption(
             f"keys must be an iterable of keys (a list, a range, a generator), not {type(keys).__name__}")
     return builtins.list(dict.fromkeys(_key(k) for k in keys))
+
+
+def _policy(value: Any) -> str:
+    if not isinstance(value, str) or value not in POLICIES:
+        raise InvalidOption(f"policy must be one of {POLICIES}, not {validate.shown(value)}")
+    return value
 
 
 def _owner() -> str:

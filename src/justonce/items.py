@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidItemId, InvalidOption
+from .validate import shown
 
 CHUNK_BITS = 2048
 """Items per stored chunk (256 bytes of bits): small enough that 4 ackers of a 20,000-item
@@ -64,7 +65,7 @@ class ItemGroup:
 
     def item_id(self, index: int) -> str:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.count:
-            raise InvalidOption(f"index must be in [0, {self.count}), not {index!r}")
+            raise InvalidOption(f"index must be in [0, {self.count}), not {shown(index)}")
         return f"{self.batch_id}:{self.group_id}:{index}"
 
     def item_ids(self) -> list[str]:
@@ -84,9 +85,8 @@ def parse_item_id(value: Any) -> ItemRef:
         return value
     m = _ITEM_ID.fullmatch(value) if isinstance(value, str) else None
     if m is None or int(m.group(1)) >= 2**63:
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
         raise InvalidItemId(
-            f"malformed batch item id {shown}: expected '<batch id>:<group id>:<index>' "
+            f"malformed batch item id {shown(value)}: expected '<batch id>:<group id>:<index>' "
             "as returned by add(), for example '12:3f9a0c1d2b4e:0'"
         )
     return ItemRef(int(m.group(1)), m.group(2), int(m.group(3)))

@@ -85,7 +85,7 @@ class ListRun:
 def list_name(value: Any) -> str:
     if not isinstance(value, str) or not LIST_NAME.match(value):
         raise InvalidName(f"a list name is 1-63 letters, digits, '_', '.', ':' or '-' "
-                          f"starting with a letter or digit, not {value!r}")
+                          f"starting with a letter or digit, not {validate.shown(value)}")
     return value
 
 
@@ -95,7 +95,8 @@ def parse_token(token: Any) -> tuple[int, str]:
     if not isinstance(token, str):
         raise InvalidOption(f"a reservation token is a string, not {type(token).__name__}")
     m = _TOKEN.match(token)
-    if m is None:
+    # A row id past 2**63 - 1 (the pattern allows 19 digits) names no reservation.
+    if m is None or int(m.group(1)) >= 2**63:
         raise StaleReservation("not a reservation token (they look like 123.0123456789abcdef)")
     return int(m.group(1)), m.group(2)
 
@@ -148,10 +149,13 @@ class Lists:
             callbacks["complete"] = self.app.batches._callback("complete", on_complete)
         if not isinstance(seal, bool):
             raise InvalidOption("seal must be True or False")
-        stream = None if items is None else _iterable(items)
+        stream = None if items is None else iter(_iterable(items))
+        # The first chunk is checked before the list exists: a bad item in it leaves
+        # nothing behind. (One further on keeps the chunks before it: see append.)
+        first = [] if stream is None else [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
         self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks)
-        if stream is not None:
-            self.append(name, stream)
+        if first:
+            self._load(name, first, stream)
         if seal:
             return self.seal(name)
         return self.get(name)
@@ -160,11 +164,20 @@ class Lists:
         """Append items to a list that is still loading, in transactions of ``LOAD_CHUNK``
         (each item checked before its transaction starts); how many were appended."""
         name = list_name(name)
+        n = self._load(name, [], iter(_iterable(items)))
+        if n == 0:
+            self.get(name)  # an unknown name still says so
+        return n
+
+    def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None) -> int:
+        """Append ``first`` (items already checked), then the rest of the stream in
+        chunks of LOAD_CHUNK, each checked before its transaction; how many."""
         backend = self.app.backend.lists
         n = 0
+        chunks = itertools.chain([first] if first else [], () if rest is None else (
+            [item_json(x) for x in chunk] for chunk in _chunks(rest, LOAD_CHUNK)))
         try:
-            for chunk in _chunks(_iterable(items), LOAD_CHUNK):
-                texts = [item_json(x) for x in chunk]
+            for texts in chunks:
                 backend.append(name, texts, MAX_ITEMS)
                 n += len(texts)
                 failpoints.hit("list.after_append_chunk")
@@ -173,8 +186,6 @@ class Lists:
                 exc.add_note(f"list {name!r} keeps the {n} items appended before this error "
                              "and is not sealed: append the rest, then seal it (or drop it)")
             raise
-        if n == 0:
-            self.get(name)  # an unknown name still says so
         return n
 
     def seal(self, name: str) -> ListInfo:
@@ -216,8 +227,8 @@ class Lists:
         """The reservation's (position, item) pairs, in position order."""
         if not isinstance(reservation, Reservation):
             raise InvalidOption("items() takes a Reservation")
-        return [(p, json.loads(text))
-                for p, text in self.app.backend.lists.items(reservation.list, reservation.ranges)]
+        name, ranges = list_name(reservation.list), _ranges(reservation.ranges)
+        return [(p, json.loads(text)) for p, text in self.app.backend.lists.items(name, ranges)]
 
     def complete(self, target: Target, token: str | None = None,
                  positions: Iterable[int] | None = None) -> ListCompletion:
@@ -294,6 +305,8 @@ class Lists:
         it. A task that raises releases the position after its backoff, or buries it on
         the list's last attempt. None when nothing can be handed out now."""
         name = list_name(name)
+        if ttr is not None:
+            ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
         meta = self.app.backend.lists.task(name)
         if meta is None:
             raise ListNotFound(f"no list named {name!r}")
@@ -330,7 +343,15 @@ class Lists:
     def drain(self, name: str, *, poll: float = 0.2, stop: Any = None) -> Iterator[ListRun]:
         """``run_next`` until the list has nothing ready or reserved (positions held by
         others are waited for: they may time out and come back), yielding each run.
-        ``stop``: an object with ``is_set()`` (a threading.Event) that ends it early."""
+        ``stop``: an object with ``is_set()`` (a threading.Event) that ends it early.
+        Its arguments are checked when it is called, before the first run."""
+        name = list_name(name)
+        poll = validate.bounded(poll, "poll", 0.001, 3600)
+        if stop is not None and not callable(getattr(stop, "is_set", None)):
+            raise InvalidOption(f"stop must have is_set() (a threading.Event), not {validate.shown(stop)}")
+        return self._drain(name, poll, stop)
+
+    def _drain(self, name: str, poll: float, stop: Any) -> Iterator[ListRun]:
         while stop is None or not stop.is_set():
             run = self.run_next(name)
             if run is not None:
@@ -351,7 +372,7 @@ class Lists:
         if isinstance(target, Reservation):
             if token is not None:
                 raise InvalidOption("give a Reservation, or a list name and a token, not both")
-            name, token = target.list, target.token
+            name, token = list_name(target.list), target.token
         else:
             name = list_name(target)
             if token is None:
@@ -378,10 +399,28 @@ def _positions(positions: Iterable[int] | None) -> Sequence[int] | None:
     if isinstance(positions, (str, bytes)) or not isinstance(positions, Iterable):
         raise InvalidOption("positions must be an iterable of integers")
     out = []
-    for p in positions:
-        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            raise InvalidOption(f"a position is an integer >= 0, not {p!r}")
+    for p in itertools.islice(positions, MAX_RESERVE + 1):
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < 2**63:
+            raise InvalidOption(f"a position is an integer in [0, 2**63), not {validate.shown(p)}")
         out.append(p)
     if len(out) > MAX_RESERVE:
         raise InvalidOption(f"at most {MAX_RESERVE} positions per call")
     return out
+
+
+def _ranges(ranges: Any) -> tuple[tuple[int, int], ...]:
+    """A reservation's ranges of positions (``[lo, hi)`` pairs): a Reservation can be
+    built by hand, and its ranges go to SQL."""
+    out: list[tuple[int, int]] = []
+    total = 0
+    for r in ranges if isinstance(ranges, (tuple, list)) else [ranges]:
+        if not (isinstance(r, (tuple, list)) and len(r) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                and 0 <= r[0] <= r[1] < 2**63):
+            raise InvalidOption(f"a reservation's ranges are [lo, hi) pairs of positions, "
+                                f"not {validate.shown(r)}")
+        total += r[1] - r[0]
+        if total > MAX_RESERVE:
+            raise InvalidOption(f"a reservation holds at most {MAX_RESERVE} positions")
+        out.append((r[0], r[1]))
+    return tuple(out)

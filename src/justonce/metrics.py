@@ -111,7 +111,7 @@ class WorkerMetrics:
                  tasks: Iterable[str] | None = None, queues: Iterable[str] | None = None,
                  max_names: int = 200) -> None:
         if isinstance(max_names, bool) or not isinstance(max_names, int) or not 1 <= max_names <= 10_000:
-            raise InvalidOption(f"max_names must be an integer in [1, 10000], not {max_names!r}")
+            raise InvalidOption(f"max_names must be an integer in [1, 10000], not {validate.shown(max_names)}")
         self.registry = registry if registry is not None else CollectorRegistry()
         self._task = _Names(tasks, max_names)
         self._queue = _Names(queues, max_names)
@@ -222,7 +222,7 @@ class WorkerMetrics:
 
 def port_number(port: Any) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise InvalidOption(f"the metrics port must be an integer in [1, 65535], not {port!r}")
+        raise InvalidOption(f"the metrics port must be an integer in [1, 65535], not {validate.shown(port)}")
     return port
 
 
@@ -234,7 +234,7 @@ def serve_worker_metrics(worker: Worker, port: int, host: str = "127.0.0.1") -> 
 
     port = port_number(port)
     if not isinstance(host, str) or not host:
-        raise InvalidOption(f"the metrics host must be an address, not {host!r}")
+        raise InvalidOption(f"the metrics host must be an address, not {validate.shown(host)}")
     metrics = WorkerMetrics(tasks=worker.app.tasks, queues=worker.queues)
     try:
         server, _ = start_http_server(port, addr=host, registry=metrics.registry)

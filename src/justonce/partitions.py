@@ -22,6 +22,7 @@ import threading
 import time
 import zlib
 from collections.abc import Mapping
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,8 @@ def partition_of(key: Any, n: int) -> int:
 def slots(n: Any) -> int:
     """Validate a number of slots."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SLOTS:
-        raise InvalidOption(f"n (the number of slots) must be an integer in [1, {MAX_SLOTS}], not {n!r}")
+        raise InvalidOption(
+            f"n (the number of slots) must be an integer in [1, {MAX_SLOTS}], not {validate.shown(n)}")
     return n
 
 
@@ -99,9 +101,9 @@ def slot_expression(column: str, n: int, *, key_type: str = "int", dialect: str 
     n = slots(n)
     col = validate.sql_identifier(column)
     if dialect not in DIALECTS:
-        raise InvalidOption(f"dialect must be one of {DIALECTS}, not {dialect!r}")
+        raise InvalidOption(f"dialect must be one of {DIALECTS}, not {validate.shown(dialect)}")
     if key_type not in ("int", "text"):
-        raise InvalidOption(f"key_type must be 'int' or 'text', not {key_type!r}")
+        raise InvalidOption(f"key_type must be 'int' or 'text', not {validate.shown(key_type)}")
     if dialect == "postgres":
         from .backends.postgres.slots import slot_sql
     elif dialect == "sqlite":
@@ -118,7 +120,7 @@ def slot_predicate(column: str, n: int, slot: int, *, key_type: str = "int",
     ones), the CRC-32 rule for text keys (see :func:`slot_expression`)."""
     n = slots(n)
     if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
-        raise InvalidOption(f"slot must be an integer in [0, {n}), not {slot!r}")
+        raise InvalidOption(f"slot must be an integer in [0, {n}), not {validate.shown(slot)}")
     return f"{slot_expression(column, n, key_type=key_type, dialect=dialect, schema=schema)} = {slot}"
 
 
@@ -140,7 +142,7 @@ def n_from_env(n: int | None) -> int:
     try:
         return slots(int(raw))
     except ValueError:
-        raise ConfigurationError(f"${ENV_N} must be an integer, not {raw!r}") from None
+        raise ConfigurationError(f"${ENV_N} must be an integer, not {validate.shown(raw)}") from None
 
 
 class PartitionLease:
@@ -154,6 +156,13 @@ class PartitionLease:
     def __init__(self, partitions: Partitions, set_name: str, n: int, slot: int, token: int,
                  owner: str, lease: float, expires_at: datetime,
                  started: float | None = None) -> None:
+        # Built by acquire; checked all the same, as its fields go to SQL when it renews,
+        # releases or fences.
+        n = slots(n)
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
+            raise InvalidOption(f"slot must be an integer in [0, {n}), not {validate.shown(slot)}")
+        set_name, token = validate.set_name(set_name), validate.int64(token, "token")
+        lease = validate.bounded(lease, "lease", 0.1, 86400)
         self._partitions = partitions
         self.set_name, self.n, self.slot, self.token = set_name, n, slot, token
         self.owner, self.lease, self.expires_at = owner, lease, expires_at
@@ -273,7 +282,7 @@ class Partitions:
         name = validate.set_name(set_name)
         n = n_from_env(n)
         lease = validate.bounded(lease, "lease", 0.1, 86400)
-        who = owner or _default_owner()
+        who = _default_owner() if owner is None else validate.owner(owner)
         started = time.monotonic()
         got = self.app.backend.lease_acquire(name, n, who, lease)
         if got is None:
@@ -319,7 +328,7 @@ class Partitions:
         """:func:`slot_predicate` in this app's database dialect (and schema)."""
         backend = self.app.backend
         return slot_predicate(column, n, slot, key_type=key_type,
-                              dialect=dialect or backend.name,
+                              dialect=backend.name if dialect is None else dialect,
                               schema=getattr(backend, "schema", None))
 
     def scan(self, task: str | Task, *, column: str, n: int | None = None,
@@ -333,9 +342,12 @@ class Partitions:
         slot ``k`` over ``column``), ``slot`` and ``n``: run your query with
         ``WHERE <predicate>``; ``kwargs`` adds the same keyword arguments to every slot's job
         (which of your things to scan, say). A job that dies is retried like any job, so
-        make its writes idempotent (the effect ledger, or a unique key in your own table)."""
+        make its writes idempotent (the effect ledger, or a unique key in your own table).
+
+        The batch, its jobs and its seal commit together (in your transaction with
+        ``conn=``): a scan refused for any of its parts leaves nothing behind."""
         n = n_from_env(n)
-        dialect = dialect or self.app.backend.name
+        dialect = self.app.backend.name if dialect is None else dialect
         if not isinstance(kwargs, Mapping | None) or any(not isinstance(k, str) for k in kwargs or {}):
             raise InvalidOption("kwargs must be a mapping of keyword argument names to values")
         extra = dict(kwargs or {})
@@ -344,10 +356,12 @@ class Partitions:
             raise InvalidOption(f"kwargs must not name {clash}: the scan passes those itself")
         calls = [{**extra, "predicate": self.predicate(column, n, k, key_type=key_type, dialect=dialect),
                   "slot": k, "n": n} for k in range(n)]
-        batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
-                                      on_complete=on_complete, on_success=on_success)
-        batch.enqueue_calls(task, calls, **options)
-        batch.seal()
+        conn = options.pop("conn", None)
+        with nullcontext(conn) if conn is not None else self.app.backend.transaction() as c:
+            batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
+                                          on_complete=on_complete, on_success=on_success, conn=c)
+            batch.enqueue_calls(task, calls, conn=c, **options)
+            batch.seal(conn=c)
         return batch
 
 
@@ -363,5 +377,5 @@ def parse_set_spec(spec: str) -> tuple[str, int]:
     try:
         return validate.set_name(name), slots(int(raw))
     except ValueError:
-        raise InvalidOption(f"--partitions {spec!r}: expected SET:N with N an integer") from None
+        raise InvalidOption(f"--partitions {validate.shown(spec)}: expected SET:N with N an integer") from None
 

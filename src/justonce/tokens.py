@@ -61,9 +61,9 @@ class Tokens:
         """A new token and its secret. The secret is shown once: only its hash is kept."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise InvalidOption(
-                f"token name {name!r} must be 1-100 letters, digits, spaces or _ . : @ / -")
+                f"token name {validate.shown(name)} must be 1-100 letters, digits, spaces or _ . : @ / -")
         if scope not in SCOPES:
-            raise InvalidOption(f"scope must be one of {SCOPES}, not {scope!r}")
+            raise InvalidOption(f"scope must be one of {SCOPES}, not {validate.shown(scope)}")
         prefix = secrets.token_hex(4)
         secret = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
         info = self.app.backend.token_create(name, scope, hash_secret(secret), prefix)
@@ -93,7 +93,7 @@ class Tokens:
     def active(self, token_id: int) -> TokenInfo | None:
         """The token if it exists and is not revoked (a session cookie is checked so on
         every request), recording the use."""
-        info = self.app.backend.token_get(token_id)
+        info = self.app.backend.token_get(validate.job_id(token_id, "token id"))
         if info is None or not info.active:
             return None
         self._touch(info.id)
@@ -133,6 +133,12 @@ class Audit:
         many (``count``), and anything else (``detail``, JSON). ``conn``: a connection from
         ``app.backend.transaction()``, so that the entry commits with the action."""
         action = validate.text(action, "action", 100)
+        if token_id is not None:
+            validate.job_id(token_id, "token id")
+        if count is not None:
+            validate.int64(count, "count")
+        if detail is not None:
+            validate.detail_json(detail)
         return self.app.backend.audit_record(
             token_id, validate.text(actor, "actor", 200), action,
             None if target is None else validate.text(target, "target", 1000),

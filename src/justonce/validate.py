@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+import reprlib
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -30,10 +31,29 @@ MAX_TIMEOUT_SECONDS = 7 * 86400
 MAX_ATTEMPTS = 1000
 PRIORITY_RANGE = (-1000, 1000)
 
+SHOWN_CHARS = 80
+"""How much of a refused value an error message shows (see :func:`shown`)."""
+
 SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 SQL_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}$")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = SHOWN_CHARS
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 4
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters: a refusal
+    names what it refused without echoing a hostile 10,000-character name (or a list of
+    a million numbers, or a list nested 10,000 deep) back whole."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a __repr__ of the caller's that fails
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def queue_name(value: Any) -> str:
@@ -47,7 +67,7 @@ def set_name(value: Any) -> str:
 def _name(value: Any, pattern: re.Pattern[str], what: str) -> str:
     if not isinstance(value, str) or not pattern.match(value):
         raise InvalidName(
-            f"bad {what} {value!r}: 1-63 characters of letters, digits, '_', '.', ':' "
+            f"bad {what} {shown(value)}: 1-63 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or digit"
         )
     return value
@@ -57,16 +77,31 @@ def sql_identifier(value: Any) -> str:
     """A column (or ``table.column``) to put into generated SQL: letters, digits and '_'
     only, so it can never carry SQL of its own."""
     if not isinstance(value, str) or not SQL_IDENTIFIER.match(value):
-        raise InvalidName(f"bad SQL identifier {value!r}: letters, digits and '_' (optionally table.column)")
+        raise InvalidName(
+            f"bad SQL identifier {shown(value)}: letters, digits and '_' (optionally table.column)")
     return value
 
 
 def task_name(value: Any) -> str:
     if not isinstance(value, str) or not TASK_NAME.match(value):
         raise InvalidName(
-            f"bad task name {value!r}: 1-200 characters of letters, digits, '_', '.', ':' "
+            f"bad task name {shown(value)}: 1-200 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or '_'"
         )
+    return value
+
+
+def owner(value: Any) -> str:
+    """Who holds a lease or a claim, as shown in listings: 1-200 characters of text."""
+    if value == "":
+        raise InvalidOption("an owner must not be empty")
+    return text(value, "owner", 200)
+
+
+def flag(value: Any, what: str) -> bool:
+    """True or False, and nothing else ("no" and None are not False)."""
+    if not isinstance(value, bool):
+        raise InvalidOption(f"{what} must be True or False, not {shown(value)}")
     return value
 
 
@@ -76,11 +111,11 @@ def optional_key(value: Any, what: str = "key") -> str | None:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
-        raise InvalidName(f"bad {what} {value!r}: a non-empty string of at most {MAX_KEY_CHARS}")
+        raise InvalidName(f"bad {what} {shown(value)}: a non-empty string of at most {MAX_KEY_CHARS}")
     try:
         value.encode()
     except UnicodeEncodeError:
-        raise InvalidName(f"bad {what} {value!r}: it contains a lone surrogate, which the "
+        raise InvalidName(f"bad {what} {shown(value)}: it contains a lone surrogate, which the "
                           "database cannot store") from None
     return value
 
@@ -168,7 +203,7 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
         raise InvalidArguments(f"kwargs must be a dict, not {type(kwargs).__name__}")
     bad = [k for k in kwargs if not isinstance(k, str)]
     if bad:
-        raise InvalidArguments(f"kwargs keys must be strings, got {bad[0]!r}")
+        raise InvalidArguments(f"kwargs keys must be strings, got {shown(bad[0])}")
     args_json = _dumps(list(args), "args")
     kwargs_json = _dumps(kwargs, "kwargs") if kwargs else "{}"
     size = _storable_size(args_json, "arguments") + _storable_size(kwargs_json, "arguments")
@@ -179,6 +214,14 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
             f"job arguments are {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
         )
     return args_json, kwargs_json
+
+
+def call_list(calls: Any) -> list[Any]:
+    """The calls of an ``enqueue_calls`` as a list (each is checked as it is encoded)."""
+    if isinstance(calls, (str, bytes, dict)) or not isinstance(calls, Iterable):
+        raise InvalidArguments(f"calls must be an iterable of argument tuples or keyword dicts, "
+                               f"not {type(calls).__name__}")
+    return list(calls)
 
 
 def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
@@ -242,7 +285,7 @@ def _number(value: Any, what: str) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InvalidOption(f"{what} must be a number of seconds, not {value!r}")
+        raise InvalidOption(f"{what} must be a number of seconds, not {shown(value)}")
     return float(value)
 
 
@@ -286,8 +329,32 @@ def bounded(value: Any, what: str, lo: float, hi: float) -> float:
 
 def job_id(value: Any, what: str = "job id") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
-        raise InvalidOption(f"{what} must be a positive 64-bit integer, not {value!r}")
+        raise InvalidOption(f"{what} must be a positive 64-bit integer, not {shown(value)}")
     return value
+
+
+def int64(value: Any, what: str, lo: int = 0) -> int:
+    """An integer the databases can store as BIGINT, at least ``lo`` (a fencing token, a
+    count): past 2**63 - 1 sqlite3 raises OverflowError and Postgres and MySQL refuse it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < 2**63:
+        raise InvalidOption(f"{what} must be an integer in [{lo}, 2**63), not {shown(value)}")
+    return value
+
+
+def detail_json(value: Any, what: str = "detail") -> str:
+    """A dict of anything as JSON text the databases can store (a value JSON does not
+    know is written as its ``str``): no NUL or lone surrogate, at most MAX_JSON_DEPTH deep
+    and MAX_RESULT_BYTES long."""
+    if not isinstance(value, dict) or any(not isinstance(k, str) for k in value):
+        raise InvalidOption(f"{what} must be a dict with string keys, not {shown(value)}")
+    try:
+        text = json.dumps(value, separators=(",", ":"), default=str, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidOption(f"{what} is not JSON-serialisable: {exc}") from None
+    if not _storable(text) or _too_deep(text) or len(text.encode()) > MAX_RESULT_BYTES:
+        raise InvalidOption(f"{what} must be JSON of at most {MAX_RESULT_BYTES} bytes, nested at most "
+                            f"{MAX_JSON_DEPTH} deep, without NUL or lone surrogates")
+    return text
 
 
 def optional_state(value: Any, states: type[Enum]) -> str | None:
@@ -298,7 +365,7 @@ def optional_state(value: Any, states: type[Enum]) -> str | None:
         return str(states(value).value)
     except ValueError:
         raise InvalidOption(
-            f"state must be one of {', '.join(str(s.value) for s in states)}, not {value!r}"
+            f"state must be one of {', '.join(str(s.value) for s in states)}, not {shown(value)}"
         ) from None
 
 
@@ -308,7 +375,7 @@ def batch_id(value: Any) -> int:
 
 def count(value: Any, what: str, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
-        raise InvalidOption(f"{what} must be an integer in [1, {hi}], not {value!r}")
+        raise InvalidOption(f"{what} must be an integer in [1, {hi}], not {shown(value)}")
     return value
 
 
@@ -332,12 +399,12 @@ def timeout(value: Any) -> float:
 
 def attempts(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
-        raise InvalidOption(f"max_attempts must be an integer in [1, {MAX_ATTEMPTS}], not {value!r}")
+        raise InvalidOption(f"max_attempts must be an integer in [1, {MAX_ATTEMPTS}], not {shown(value)}")
     return value
 
 
 def priority(value: Any) -> int:
     lo, hi = PRIORITY_RANGE
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {value!r}")
+        raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {shown(value)}")
     return value

@@ -6,6 +6,7 @@ import os
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
+from ..validate import shown
 from .base import Backend
 
 DEFAULT_URL = "sqlite:///justonce.db"
@@ -27,9 +28,13 @@ def open_backend(url: str | None = None) -> Backend:
     url = resolve_url(url)
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
-            f"malformed database URL {url!r}: expected sqlite:///path.db, "
+            f"malformed database URL {shown(url)}: expected sqlite:///path.db, "
             "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
         )
+    if "\x00" in url or not url.isascii() and not _encodable(url):
+        # sqlite3 and the drivers raise ValueError / UnicodeEncodeError for these.
+        raise ConfigurationError(f"malformed database URL {shown(url)}: it contains a NUL "
+                                 "character or a lone surrogate")
     scheme = urlsplit(url).scheme.lower()
     if scheme == "sqlite":
         from .sqlite.backend import SQLiteBackend
@@ -44,9 +49,17 @@ def open_backend(url: str | None = None) -> Backend:
 
         return MySQLBackend(url)
     raise ConfigurationError(
-        f"unsupported database URL scheme {scheme!r} in {url!r}: use sqlite:///path.db, "
+        f"unsupported database URL scheme {shown(scheme)} in {shown(url)}: use sqlite:///path.db, "
         "postgresql://user@host:port/dbname or mysql://user:password@host:port/dbname"
     )
+
+
+def _encodable(url: str) -> bool:
+    try:
+        url.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 __all__ = ["Backend", "DEFAULT_URL", "open_backend", "resolve_url"]

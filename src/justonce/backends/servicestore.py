@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InvalidOption
 from ..models import AuditEntry, JobFilter, TokenInfo
+from ..validate import shown
 from .batchstore import BatchOps
 from .dialect import Dialect
 
@@ -39,7 +40,7 @@ class ServiceOps:
 
     def jobs_count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
         if action not in ACTIONS:
-            raise InvalidOption(f"action must be one of {ACTIONS}, not {action!r}")
+            raise InvalidOption(f"action must be one of {ACTIONS}, not {shown(action)}")
         count, max_id = self.d.read(f"jobs_count_{action}", self.filter_params(where))[0]
         return int(count), (int(max_id) if max_id is not None else None)
 

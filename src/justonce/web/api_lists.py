@@ -19,8 +19,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from ..app import App
-from ..lists import LOAD_CHUNK, MAX_ITEMS, item_json, parse_token
+from ..lists import LOAD_CHUNK, MAX_ITEMS, parse_token
 from ..models import ListInfo, Reservation
+from ..validate import shown
 from . import list_schemas as S
 from .auth import Principal, audit, require_admin, require_read
 from .problems import ERRORS, Problem, documented
@@ -111,7 +112,7 @@ async def _item_body(request: Request) -> list[Any]:
                           errors=[{"loc": ["body"], "msg": "expected an array"}])
     else:
         raise Problem(415, "UnsupportedMediaType", f"send application/json (an array) or "
-                      f"application/x-ndjson (one item per line), not {kind!r}")
+                      f"application/x-ndjson (one item per line), not {shown(kind)}")
     if not 1 <= len(items) <= LOAD_CHUNK:
         raise Problem(422, "RequestValidation", f"send 1 to {LOAD_CHUNK} items per call, not {len(items)}",
                       errors=[{"loc": ["body"], "msg": f"1 to {LOAD_CHUNK} items"}])
@@ -130,9 +131,6 @@ def create_list(body: S.ListCreateIn, request: Request, who: Admin) -> S.ListOut
     """Create a list, load ``items`` (at most 10,000 here: append more), and seal it unless
     ``seal`` is false. Every item is checked before anything is stored."""
     app = _app(request)
-    if body.items is not None:
-        for x in body.items:
-            item_json(x)
     info = app.lists.create(body.name, task=body.task, items=body.items, seal=body.seal, ttr=body.ttr,
                             max_attempts=body.max_attempts, on_complete=body.on_complete)
     audit(request, who, "list.create", f"list:{info.name}", info.progress.total, sealed=body.seal)

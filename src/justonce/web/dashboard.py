@@ -37,6 +37,7 @@ from ..errors import (
     KeyConflict,
     ValidationError,
 )
+from ..validate import shown
 from . import session
 from .auth import Principal, audit
 from .problems import status_of
@@ -521,9 +522,9 @@ def _int(value: str) -> int:
     try:
         n = int(value)
     except ValueError:
-        raise PageError(404, f"no such id: {value!r}") from None
+        raise PageError(404, f"no such id: {shown(value)}") from None
     if not 1 <= n < 2**63:
-        raise PageError(404, f"no such id: {value!r}")
+        raise PageError(404, f"no such id: {shown(value)}")
     return n
 
 

@@ -129,6 +129,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI answers a body its JSON parser raised on (other than JSONDecodeError: a
+        # document nested past the recursion limit, bytes that are not text) with a bare
+        # "error parsing the body": it is malformed JSON like any other.
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError | ValueError):
+            deep = " (nested too deep)" if isinstance(exc.__cause__, RecursionError) else ""
+            return problem_response(400, "MalformedJson", f"the request body is not valid JSON{deep}")
         error = {404: "NotFound", 405: "MethodNotAllowed", 413: "BodyTooLarge",
                  400: "BadRequest"}.get(exc.status_code, "HttpError")
         detail = exc.detail if isinstance(exc.detail, str) else None

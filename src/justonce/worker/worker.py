@@ -114,9 +114,10 @@ class Worker:
         owner: str | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
-            raise InvalidOption(f"concurrency must be an integer in [1, 1000], not {concurrency!r}")
+            raise InvalidOption(
+                f"concurrency must be an integer in [1, 1000], not {validate.shown(concurrency)}")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 1 <= prefetch <= 10000:
-            raise InvalidOption(f"prefetch must be an integer in [1, 10000], not {prefetch!r}")
+            raise InvalidOption(f"prefetch must be an integer in [1, 10000], not {validate.shown(prefetch)}")
         self.app = app
         if queues is None:
             queues = sorted({t.queue for t in app.tasks.values()}) or ["default"]
@@ -143,7 +144,7 @@ class Worker:
         self.listen = bool(listen)
         self.ack_interval = validate.bounded(ack_interval, "ack_interval", 0.001, 60)
         if isinstance(ack_batch, bool) or not isinstance(ack_batch, int) or not 1 <= ack_batch <= 100_000:
-            raise InvalidOption(f"ack_batch must be an integer in [1, 100000], not {ack_batch!r}")
+            raise InvalidOption(f"ack_batch must be an integer in [1, 100000], not {validate.shown(ack_batch)}")
         self.ack_batch = ack_batch
         housekeeping_interval = validate.bounded(housekeeping_interval, "housekeeping_interval",
                                                  0.01, 3600)
@@ -204,7 +205,7 @@ class Worker:
         set_name, n = parse_set_spec(spec) if isinstance(spec, str) else (
             validate.set_name(spec[0]), slots(spec[1]))
         if isinstance(want, bool) or not isinstance(want, int) or not 1 <= want <= n:
-            raise InvalidOption(f"partition_slots must be an integer in [1, {n}], not {want!r}")
+            raise InvalidOption(f"partition_slots must be an integer in [1, {n}], not {validate.shown(want)}")
         return PartitionKeeper(self.app.partitions, set_name, n, want, self.lease, self.owner,
                                margin=self.margin)
 

@@ -41,6 +41,7 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
+from ...validate import shown
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..liststore import ListOps
@@ -119,16 +120,16 @@ def parse_mysql_url(url: str) -> tuple[dict[str, Any], dict[str, str]]:
     database = unquote(parts.path.lstrip("/"))
     if not parts.hostname or not database or "/" in database:
         raise ConfigurationError(
-            f"malformed MySQL URL {url!r}: expected mysql://user:password@host:port/dbname"
+            f"malformed MySQL URL {shown(url)}: expected mysql://user:password@host:port/dbname"
         )
     try:
         port = parts.port or 3306
     except ValueError:
-        raise ConfigurationError(f"malformed port in MySQL URL {url!r}") from None
+        raise ConfigurationError(f"malformed port in MySQL URL {shown(url)}") from None
     options = dict(parse_qsl(parts.query))
     ours: dict[str, str] = {k: options.pop(k) for k in ("pool_size", "ssl") if k in options}
     if options:
-        raise ConfigurationError(f"unknown MySQL URL options {sorted(options)} in {_redact(url)!r}")
+        raise ConfigurationError(f"unknown MySQL URL options {sorted(options)} in {shown(_redact(url))}")
     kwargs: dict[str, Any] = {
         "host": parts.hostname, "port": port, "user": unquote(parts.username or "root"),
         "password": unquote(parts.password or ""), "database": database}
@@ -141,7 +142,7 @@ def parse_mysql_url(url: str) -> tuple[dict[str, Any], dict[str, str]]:
         # and build a TLS context for every new connection: ~30 ms of CPU each).
         kwargs["ssl_disabled"] = True
     else:
-        raise ConfigurationError(f"ssl must be 1 or 0, not {ssl!r}")
+        raise ConfigurationError(f"ssl must be 1 or 0, not {shown(ssl)}")
     return kwargs, ours
 
 
@@ -192,7 +193,7 @@ def _aware(value: Any) -> datetime | None:
         return None
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-    raise TypeError(f"not a time: {value!r}")
+    raise TypeError(f"not a time: {shown(value)}")
 
 
 def _code(exc: BaseException) -> int | None:
@@ -597,7 +598,7 @@ class MySQLDialect(Dialect):
             except pymysql.err.OperationalError as exc:
                 if _code(exc) == LOCK_WAIT:
                     raise LockTimeout(
-                        f"row {table}.{column} = {value!r} stayed locked for {timeout:g}s") from exc
+                        f"row {table}.{column} = {shown(value)} stayed locked for {timeout:g}s") from exc
                 raise
 
     def time(self, value: Any) -> datetime | None:

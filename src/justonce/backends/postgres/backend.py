@@ -31,6 +31,7 @@ from ...errors import (
 )
 from ...items import CHUNK_BITS
 from ...models import ClaimedJob, Completion, ListCompletion, NewJob, Reservation
+from ...validate import shown
 from ..base import Partitioning, load_queries, migration_files
 from ..dialect import Dialect, Flip, Key
 from ..liststore import ListOps, each, parse_ranges, ranges_json, to_ranges, token_of
@@ -64,19 +65,19 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     parts = urlsplit(url)
     if not parts.hostname and not parts.path.strip("/") and "host=" not in parts.query:
         raise ConfigurationError(
-            f"malformed PostgreSQL URL {url!r}: expected postgresql://user@host:port/dbname"
+            f"malformed PostgreSQL URL {shown(url)}: expected postgresql://user@host:port/dbname"
         )
     try:
         _ = parts.port
     except ValueError:
-        raise ConfigurationError(f"malformed port in PostgreSQL URL {url!r}") from None
+        raise ConfigurationError(f"malformed port in PostgreSQL URL {shown(url)}") from None
     query = dict(parse_qsl(parts.query))
     ours: dict[str, str] = {
         k: query.pop(k) for k in ("schema", "pool_size", "pgbouncer") if k in query
     }
     schema = ours.pop("schema", None)
     if schema is not None and not _SCHEMA.match(schema):
-        raise ConfigurationError(f"schema {schema!r} must match {_SCHEMA.pattern}")
+        raise ConfigurationError(f"schema {shown(schema)} must match {_SCHEMA.pattern}")
     if "pgbouncer" in ours:
         pgbouncer_mode(ours)  # refuse a misspelt value at once
     conninfo = urlunsplit(parts._replace(query=urlencode(query)))
@@ -91,7 +92,7 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
     """The ``pgbouncer`` URL option as a flag (absent = off)."""
     value = options.get("pgbouncer", "0").lower()
     if value not in _TRUE | _FALSE:
-        raise ConfigurationError(f"pgbouncer must be 1 or 0 (true/false, yes/no), not {value!r}")
+        raise ConfigurationError(f"pgbouncer must be 1 or 0 (true/false, yes/no), not {shown(value)}")
     return value in _TRUE
 
 
@@ -412,7 +413,7 @@ class PostgresDialect(Dialect):
         except psycopg.errors.LockNotAvailable as exc:
             c.execute("ROLLBACK TO SAVEPOINT justonce_lock")
             c.execute("RELEASE SAVEPOINT justonce_lock")
-            raise LockTimeout(f"row {table}.{column} = {value!r} stayed locked for {timeout:g}s") from exc
+            raise LockTimeout(f"row {table}.{column} = {shown(value)} stayed locked for {timeout:g}s") from exc
         except BaseException:
             c.execute("ROLLBACK TO SAVEPOINT justonce_lock")
             c.execute("RELEASE SAVEPOINT justonce_lock")

@@ -26,6 +26,7 @@ from ...errors import (
     InvalidOption,
     LockTimeout,
 )
+from ...validate import shown
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..store import Store
@@ -46,13 +47,13 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
     rest = url.split("://", 1)[1]
     if not rest.startswith("/"):
         raise ConfigurationError(
-            f"malformed SQLite URL {url!r}: use sqlite:///relative/path.db or "
+            f"malformed SQLite URL {shown(url)}: use sqlite:///relative/path.db or "
             "sqlite:////absolute/path.db"
         )
     path, _, query = rest[1:].partition("?")
     if not path or path == ":memory:":
         raise ConfigurationError(
-            f"SQLite URL {url!r} names no file: justonce needs a file that several "
+            f"SQLite URL {shown(url)} names no file: justonce needs a file that several "
             "processes can share"
         )
     return path, dict(parse_qsl(query))
@@ -118,18 +119,18 @@ class SQLiteDialect(Dialect):
         sync = options.pop("synchronous", "FULL").upper()
         if sync not in SYNCHRONOUS:
             raise ConfigurationError(
-                f"synchronous={sync!r} in SQLite URL {url!r}: use one of {sorted(SYNCHRONOUS)}"
+                f"synchronous={shown(sync)} in SQLite URL {shown(url)}: use one of {sorted(SYNCHRONOUS)}"
             )
         self.synchronous = sync
         try:
             self.busy_timeout = float(options.pop("busy_timeout", "30000")) / 1000.0
         except ValueError:
-            raise ConfigurationError(f"busy_timeout in {url!r} must be milliseconds") from None
+            raise ConfigurationError(f"busy_timeout in {shown(url)} must be milliseconds") from None
         if options:
-            raise ConfigurationError(f"unknown SQLite URL options {sorted(options)} in {url!r}")
+            raise ConfigurationError(f"unknown SQLite URL options {sorted(options)} in {shown(url)}")
         parent = Path(path).expanduser().resolve().parent
         if not parent.is_dir():
-            raise ConfigurationError(f"SQLite database folder {str(parent)!r} does not exist")
+            raise ConfigurationError(f"SQLite database folder {shown(str(parent))} does not exist")
         self._local = threading.local()
         self._all: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._lock = threading.Lock()
@@ -149,7 +150,7 @@ class SQLiteDialect(Dialect):
                 conn.execute(f"PRAGMA synchronous={self.synchronous}")
                 conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
             except sqlite3.Error as exc:
-                raise DatabaseUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+                raise DatabaseUnavailable(f"cannot open SQLite database {shown(self.path)}: {exc}") from exc
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
             with self._lock:
