@@ -209,6 +209,8 @@ class PartitionLease:
                             "or was taken over")
         self.expires_at = expires
         self._valid_until = started + self.lease
+        emit(Event.PARTITION_RENEWED, set=self.set_name, slot=self.slot, token=self.token,
+             until=expires.timestamp())
         return expires
 
     def release(self) -> None:

@@ -5,8 +5,8 @@ per (Push, user) whatever runs twice. Workers run them with
 ``send_push_slot`` is the seed's shape: one job per slot ``k`` of ``N`` (made by
 ``app.partitions.scan``), which runs the list's query with the slot predicate
 ``MOD(users.id, N) = k``, reads its users a window of ids at a time (a range of the primary
-key per query: no long transaction, no offset, no sort) and hands chunks to its process's sender threads (one SMTP
-connection each, ``$JUSTONCE_DEMO_SENDERS`` of them). A chunk goes through
+key per query: no long transaction, no offset, no sort) and hands chunks to its process's
+sender threads (one SMTP connection each, ``$JUSTONCE_DEMO_SENDERS`` of them). A chunk goes through
 ``app.effects.run_many``: one transaction claims its users' ledger entries, the emails go
 out, one transaction marks them done. N is the number of worker processes: each slot job
 is a full pass over the users table, so more slots than processes would only add passes.

@@ -137,6 +137,9 @@ def _on_event(event: Event, fields: Mapping[str, Any]) -> None:
     elif event is Event.PARTITION_ACQUIRED:
         _record("slot_acquire", set=fields["set"], slot=fields["slot"], token=fields["token"],
                 until=fields["until"], lease=fields["lease"])
+    elif event is Event.PARTITION_RENEWED:
+        _record("slot_renew", set=fields["set"], slot=fields["slot"], token=fields["token"],
+                until=fields["until"])
     elif event is Event.PARTITION_LOST:
         _record("slot_lose", set=fields["set"], slot=fields["slot"], token=fields["token"])
 

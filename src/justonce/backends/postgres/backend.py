@@ -170,11 +170,11 @@ class PostgresDialect(Dialect):
         end of file) means it is dead. The common case costs one non-blocking poll(), no
         round trip; a connection idle past IDLE_CHECK (a network may have dropped it
         silently) is checked with a round trip."""
+        # A connection never lent yet has no idle time: the pool may have made it in the
+        # background before a restart (it grows while callers wait), so it is polled too.
         since = self._idle_since.get(conn)
-        if since is None:
-            return False  # just connected
         try:
-            if time.monotonic() - since >= IDLE_CHECK:
+            if since is not None and time.monotonic() - since >= IDLE_CHECK:
                 ConnectionPool.check_connection(conn)
                 return False
             # poll(), not select(): a process may hold more than FD_SETSIZE descriptors.
