@@ -113,6 +113,8 @@ class Event(StrEnum):
                           "A partition slot was taken.")
     PARTITION_RENEWED = ("partition.renewed", DEBUG, "justonce.partitions",
                          "A partition slot's lease was extended (until: by the database's clock).")
+    PARTITION_RELEASED = ("partition.released", DEBUG, "justonce.partitions",
+                          "A partition slot was given up (a standby may take it at once).")
     PARTITION_LOST = ("partition.lost", WARNING, "justonce.worker",
                       "A partition slot's lease expired or another holder took it over.")
     PARTITION_RENEW_ERROR = ("partition.renew_error", WARNING, "justonce.worker",

@@ -220,7 +220,9 @@ class PartitionLease:
             self._thread.join()
         if not self.lost:
             try:
-                self.backend.lease_release(self.set_name, self.slot, self.token)
+                if self.backend.lease_release(self.set_name, self.slot, self.token):
+                    emit(Event.PARTITION_RELEASED, set=self.set_name, slot=self.slot,
+                         token=self.token)
             except LockTimeout:
                 # The slot's row is held by a fenced transaction still open (maybe this
                 # process's own): leave the slot to expire instead of waiting for it.

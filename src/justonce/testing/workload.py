@@ -140,6 +140,8 @@ def _on_event(event: Event, fields: Mapping[str, Any]) -> None:
     elif event is Event.PARTITION_RENEWED:
         _record("slot_renew", set=fields["set"], slot=fields["slot"], token=fields["token"],
                 until=fields["until"])
+    elif event is Event.PARTITION_RELEASED:
+        _record("slot_release", set=fields["set"], slot=fields["slot"], token=fields["token"])
     elif event is Event.PARTITION_LOST:
         _record("slot_lose", set=fields["set"], slot=fields["slot"], token=fields["token"])
 
