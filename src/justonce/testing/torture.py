@@ -310,24 +310,22 @@ class Run:
                 self.n += 1
                 self.enqueue("list_part", [name, 3])
 
+    def _busy(self) -> list[Any]:
+        """The torture queues' counts of jobs not finished (ready, running, scheduled)."""
+        return [qc for qc in self.app.queue_counts()
+                if str(qc.state) in ("ready", "running", "scheduled") and qc.queue.startswith("torture")]
+
     def backlog(self) -> int:
         """Jobs not finished, and lists not completed; -1 when the database cannot say."""
-        busy = {"ready", "running", "scheduled"}
         try:
-            counts = self.app.queue_counts()
-            if self.open_lists:
-                self.feed_lists()
+            return len(self.open_lists) + sum(qc.count for qc in self._busy())
         except DatabaseUnavailable:
             return -1
-        return len(self.open_lists) + sum(qc.count for qc in counts
-                                          if str(qc.state) in busy and qc.queue.startswith("torture"))
 
     def left(self) -> str:
         """What is not finished, for a run that did not drain."""
         try:
-            jobs = [f"{qc.count} {qc.state} on {qc.queue}" for qc in self.app.queue_counts()
-                    if str(qc.state) in ("ready", "running", "scheduled")
-                    and qc.queue.startswith("torture")]
+            jobs = [f"{qc.count} {qc.state} on {qc.queue}" for qc in self._busy()]
             lists = [f"list {n} {self.app.lists.get(n).progress}" for n in sorted(self.open_lists)]
         except DatabaseUnavailable as exc:
             return f"the database is unavailable: {exc}"
@@ -338,6 +336,8 @@ class Run:
         self.wake_due(everyone=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            with contextlib.suppress(DatabaseUnavailable):
+                self.feed_lists()  # lists held by dead or stopped workers need new takers
             if self.backlog() == 0:
                 return True
             for w in list(self.workers):
