@@ -218,17 +218,38 @@ def sqlite_write_lock_free(url: str, within: float = 0.5) -> bool:
         conn.close()
 
 
-def stop_outside_a_write(pid: int, url: str, tries: int = 50) -> None:
-    """SIGSTOP ``pid``; on SQLite, where a process stopped inside a write transaction holds
-    the one write lock of the file (and every other writer waits for it: README, "SQLite
-    and frozen processes"), let it run on and stop it again until the lock is free."""
+def slot_row_free(url: str, set_name: str, slot: int) -> bool:
+    """Is no transaction holding the slot's row (a fence holds it until its COMMIT)?"""
+    conn = proc_app.ledger_connect(url)
+    try:
+        with proc_app._Tx(conn) as c:
+            c.execute(proc_app._sql(c, "SELECT 1 FROM justonce_partition_leases "
+                                       "WHERE set_name = ? AND slot = ? FOR UPDATE NOWAIT"),
+                      (set_name, slot))
+        return True
+    except Exception:  # noqa: BLE001 - the lock is not available (either driver's error)
+        return False
+    finally:
+        conn.close()
+
+
+def stop_outside_a_write(pid: int, url: str, tries: int = 50,
+                         slot: tuple[str, int] | None = None) -> None:
+    """SIGSTOP ``pid`` outside its write transactions. On SQLite a process stopped inside one
+    holds the one write lock of the file (and every other writer waits for it: README,
+    "SQLite and frozen processes"); elsewhere one stopped inside a fenced transaction holds
+    ``slot``'s row until the server ends its session (a different test). Either way, let it
+    run on and stop it again until the lock is free."""
     for _ in range(tries):
         os.kill(pid, signal.SIGSTOP)
-        if not url.startswith("sqlite") or sqlite_write_lock_free(url):
+        if url.startswith("sqlite"):
+            if sqlite_write_lock_free(url):
+                return
+        elif slot is None or slot_row_free(url, *slot):
             return
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.013)
-    raise AssertionError(f"process {pid} held the SQLite write lock at each of {tries} stops")
+    raise AssertionError(f"process {pid} held a lock at each of {tries} stops")
 
 
 class Procs:

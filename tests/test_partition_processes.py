@@ -101,7 +101,7 @@ def test_a_holder_stopped_past_its_lease_is_fenced_out_when_it_resumes(
     zombie = procs.start(proc_app.fenced_writer, db_url, "fence", 1, LEASE)
     wait_for(lambda: [r for r in lease_log(db_url) if r[3] == "acquired"], 60, "the holder")
     time.sleep(0.5)
-    stop_outside_a_write(zombie.pid, db_url)
+    stop_outside_a_write(zombie.pid, db_url, slot=("fence", 0))
     standby = procs.start(proc_app.fenced_writer, db_url, "fence", 1, LEASE)
     wait_for(lambda: len([r for r in lease_log(db_url) if r[3] == "acquired"]) == 2, 30,
              "the standby to take over")

@@ -567,6 +567,43 @@ def test_a_claim_left_uncommitted_by_a_frozen_worker_frees_its_slot_after_a_leas
     assert app.get_job(job.id).state is JobState.READY  # the claim rolled back
 
 
+def test_a_holder_frozen_inside_its_fenced_transaction_keeps_the_slot_one_lease_at_most(
+    app: App, db_url: str
+) -> None:
+    """fence() holds the slot's row until the caller's transaction ends, so a holder frozen
+    inside that transaction would keep standbys out for as long as it is frozen. On
+    Postgres the fence sets the idle-in-transaction timeout for that transaction alone (to
+    the lease): the server ends the session, its uncommitted writes roll back, and a standby
+    takes the slot. On MariaDB the caller sets idle_transaction_timeout on its own
+    connection (the README says so): justonce does not change a caller's session."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite: a process frozen inside a write transaction stalls the file (README)")
+    if db_url.startswith("mysql") and not app.backend.mysql.mariadb:
+        pytest.skip("MySQL 8 has no idle-in-transaction timeout (README: A frozen claimer)")
+    proc_app.create_partition_tables(db_url)
+    lease = app.partitions.try_acquire("frozen-fence", 1, lease=0.3)
+    assert lease is not None
+    conn = proc_app.ledger_connect(db_url)
+    if db_url.startswith("mysql"):
+        conn.execute("SET SESSION idle_transaction_timeout = 1")
+    frozen = 1.6 if db_url.startswith("mysql") else 1.0  # MariaDB: whole seconds
+    took = None
+    with pytest.raises(Exception) as failed, proc_app._Tx(conn) as c:
+        lease.fence(c)
+        c.execute(proc_app._sql(c, "INSERT INTO fenced_writes (slot, token, pid, at) "
+                                   "VALUES (?, ?, ?, 0)"), (lease.slot, lease.token, -1))
+        time.sleep(frozen)  # idle inside the fenced transaction, past the lease
+        took = app.partitions.try_acquire("frozen-fence", 1, lease=30)
+    assert not isinstance(failed.value, LeaseLost), failed.value  # its COMMIT failed
+    assert took is not None and took.token == lease.token + 1
+    check = proc_app.ledger_connect(db_url)
+    try:
+        assert check.execute("SELECT COUNT(*) FROM fenced_writes WHERE pid = -1").fetchone()[0] == 0
+    finally:
+        check.close()
+        conn.close()
+
+
 def test_changing_n_fences_the_holders_of_the_old_n(app: App, db_url: str) -> None:
     zombie = app.partitions.try_acquire("grow", 4, lease=0.2)
     for _ in range(3):

@@ -236,7 +236,8 @@ class PartitionLease:
         lease's token is still the slot's current one, and hold the slot's row so that no
         takeover can commit before your transaction ends. Call it before the writes that
         only the holder may make; a zombie's call fails and its transaction rolls back."""
-        if not self.backend.lease_fence(conn, self.set_name, self.slot, self.token):
+        if not self.backend.lease_fence(conn, self.set_name, self.slot, self.token,
+                                        self.lease):
             self.lost = True
             raise LeaseLost(f"slot {self.slot} of {self.set_name!r} belongs to a newer holder: "
                             f"token {self.token} is fenced out")

@@ -226,9 +226,10 @@ class Backend(Protocol):
 
     def lease_release(self, set_name: str, slot: int, token: int) -> bool: ...
 
-    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int) -> bool:
+    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int, lease: float) -> bool:
         """In the caller's open transaction on ``conn``: True when ``token`` still holds the
-        slot, and no takeover can commit before that transaction ends."""
+        slot, and no takeover can commit before that transaction ends (where the server can
+        end an idle transaction, one left idle for longer than ``lease`` is ended)."""
 
     def lease_list(self, set_name: str | None) -> list[SlotInfo]: ...
 

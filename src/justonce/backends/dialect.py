@@ -125,6 +125,10 @@ class Dialect:
         """In ``c``'s open transaction: the server ends the session if it stays idle in this
         transaction longer than ``idle_limit`` s. Default: nothing (no such setting)."""
 
+    def guard_fence(self, c: Any, idle_limit: float) -> None:
+        """``guard_idle`` for the caller's own transaction: only where the setting ends with
+        that transaction, never touching the caller's session beyond it. Default: nothing."""
+
     def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self.tx(None, lambda c: self.dicts(c, name, params))
 

@@ -64,8 +64,13 @@ class LeaseOps:
         return bool(self.d.locked_tx(None, self.LOCK_WAIT,
                                       lambda c: self.d.rows(c, "lease_release", params)))
 
-    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int) -> bool:
+    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int, lease: float) -> bool:
         c = self.d.fence_connection(conn)
+        # The fence holds the slot's row until the caller's transaction ends, so a holder
+        # frozen inside that transaction would keep every standby out for as long as it is
+        # frozen: where it can be done for the transaction alone, the server ends it once
+        # idle for a lease (by then the lease has run out anyway).
+        self.d.guard_fence(c, lease)
         return bool(self.d.rows(c, "lease_fence", {"set": set_name, "slot": slot, "token": token}))
 
     def lease_list(self, set_name: str | None) -> list[SlotInfo]:

@@ -400,8 +400,8 @@ class Store:
     def lease_release(self, set_name: str, slot: int, token: int) -> bool:
         return self.leases.lease_release(set_name, slot, token)
 
-    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int) -> bool:
-        return self.leases.lease_fence(conn, set_name, slot, token)
+    def lease_fence(self, conn: Any, set_name: str, slot: int, token: int, lease: float) -> bool:
+        return self.leases.lease_fence(conn, set_name, slot, token, lease)
 
     def lease_list(self, set_name: str | None) -> list[SlotInfo]:
         return self.leases.lease_list(set_name)

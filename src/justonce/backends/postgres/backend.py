@@ -374,6 +374,9 @@ class PostgresDialect(Dialect):
         # client that freezes holds nothing.
         return self._fetch(name, params)
 
+    def guard_fence(self, c: psycopg.Connection, idle_limit: float) -> None:
+        c.execute(Q["fence_idle_local"], {"ms": _ms(idle_limit)})  # transaction-local
+
     def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self._fetch(name, params, dicts=True)
 

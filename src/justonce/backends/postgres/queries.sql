@@ -443,6 +443,14 @@ SELECT now()
 -- (frozen, say) for longer than this, releasing its row locks.
 SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 
+-- name: fence_idle_local
+-- dialect-only: a session setting of PostgreSQL's
+-- idle_timeout_local for the caller's transaction under a fence, unless the caller's own
+-- setting is already shorter.
+SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+ WHERE current_setting('idle_in_transaction_session_timeout')::interval = interval '0'
+    OR current_setting('idle_in_transaction_session_timeout')::interval > %(ms)s::interval
+
 -- name: search_path_local
 -- dialect-only: PgBouncer mode's per-transaction schema
 SELECT set_config('search_path', %(schema)s, true)
