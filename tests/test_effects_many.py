@@ -135,6 +135,37 @@ def test_at_least_once_redoes_entries_in_doubt_and_a_late_chunk_is_overtaken(app
         assert (info.state, info.result, info.token) == ("done", "redone", 2)
 
 
+def test_a_chunk_partly_overtaken_marks_the_rest_done_and_only_the_rest(app: App) -> None:
+    """Keys 1 and 3 are still the late chunk's when it finishes; key 2 was redone by another
+    caller meanwhile. The late chunk's results land on 1 and 3 only (MySQL's fast finish
+    counts fewer rows than it sent, rolls back to its savepoint and finishes key by key)."""
+    started = threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    def slow(idem: str) -> str:
+        if not started.is_set():
+            started.set()
+            time.sleep(0.8)  # the chunk outlives its 0.3 s lease
+        return "late"
+
+    def late_holder() -> None:
+        outcomes["late"] = app.effects.run_many("charge", [1, 2, 3], slow, policy=AT_LEAST_ONCE,
+                                                lease=0.3)
+
+    t = threading.Thread(target=late_holder)
+    t.start()
+    assert started.wait(30)
+    time.sleep(0.4)
+    redo = app.effects.run_many("charge", [2], lambda idem: "redone", policy=AT_LEAST_ONCE)
+    t.join(30)
+    assert (redo.done, redo.redone) == (1, 1)
+    late = outcomes["late"]
+    assert (late.done, late.overtaken) == (2, ("2",))
+    assert [(i.state, i.result, i.token) for i in map(lambda k: app.effects.get("charge", k),
+                                                      (1, 2, 3))] == [
+        ("done", "late", 1), ("done", "redone", 2), ("done", "late", 1)]
+
+
 def test_an_entry_in_doubt_is_not_redone_at_most_once_and_one_of_another_policy_refuses_the_chunk(
     app: App
 ) -> None:

@@ -14,6 +14,7 @@ is listed in its ``DIALECT_ONLY``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -255,6 +256,20 @@ class Dialect:
         ``n % 8`` (least significant first) of byte ``n // 8``. Default: the column is that
         blob already."""
         return bytes(value)
+
+    # -- the effect ledger in bulk ---------------------------------------------------------------
+    def claim_new_effects(self, c: Any, params: dict[str, Any], n: int) -> list[Any]:
+        """(key, token) of the entries ``effect_claim_new_many`` inserted claimed, out of the
+        ``n`` keys of ``params["keys"]``. Default: the statement's own answer."""
+        return self.rows(c, "effect_claim_new_many", params)
+
+    def finish_effects(self, c: Any, scope: str,
+                       rows: Sequence[tuple[str, int, str | None, str | None]]) -> list[Any]:
+        """(key, new state) of the claims ``effect_finish_many`` marked, out of ``rows``
+        (key, token, result, error) in key order. Default: the statement, with ``rows``
+        sent as one JSON list."""
+        return self.rows(c, "effect_finish_many",
+                         {"scope": scope, "rows": json.dumps(rows, separators=(",", ":"))})
 
     # -- queue statistics ----------------------------------------------------------------------
     def count_jobs(self, exact_below: int) -> tuple[list[Any], bool]:

@@ -16,7 +16,6 @@ marks done or releases them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -74,7 +73,7 @@ class EffectOps:
 
         def run(c: Any) -> list[tuple[str, str, int | None]]:
             # New keys are inserted claimed; the rest are locked, checked and taken.
-            tokens = {k: int(t) for k, t in self.d.rows(c, "effect_claim_new_many", params)}
+            tokens = {k: int(t) for k, t in self.d.claim_new_effects(c, params, len(ordered))}
             found = dict.fromkeys(tokens, "new")
             existing = [k for k in ordered if k not in tokens]
             rows = (self.d.rows(c, "effect_lock_many", {**params, "keys": self.d.array(existing)})
@@ -110,10 +109,7 @@ class EffectOps:
         rows = sorted([(k, t, r, None) for k, t, r in done] + [(k, t, None, e) for k, t, e in failed])
         if not rows:
             return set(), set()
-        # One JSON list of rows (key, token, result, error): one text to send on every
-        # dialect, read by the statement as one table.
-        params = {"scope": scope, "rows": json.dumps(rows, separators=(",", ":"))}
-        out = self.d.tx(conn, lambda c: self.d.rows(c, "effect_finish_many", params))
+        out = self.d.tx(conn, lambda c: self.d.finish_effects(c, scope, rows))
         return ({k for k, state in out if state == "done"},
                 {k for k, state in out if state == "pending"})
 

@@ -615,6 +615,56 @@ class MySQLDialect(Dialect):
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, pymysql.err.IntegrityError) and _code(exc) == DUPLICATE
 
+    # -- the effect ledger in bulk ------------------------------------------------------------------
+    def _count(self, c: pymysql.Connection, statements: Sequence[str], args: dict[str, Any]) -> int:
+        """Run ``statements`` in order (one round trip on our own connections, whose
+        pending BEGIN rides with them as in ``_run``); the last one's affected rows."""
+        todo = list(statements)
+        if id(c) in self._begin:
+            self._begin.discard(id(c))
+            todo.insert(0, "BEGIN")
+        with c.cursor() as cur:
+            if c.client_flag & CLIENT.MULTI_STATEMENTS:
+                cur.execute(";\n".join(todo), args)
+                for _ in todo[1:]:
+                    cur.nextset()
+            else:
+                for statement in todo:
+                    cur.execute(statement, args)
+            return int(cur.rowcount)
+
+    def claim_new_effects(self, c: pymysql.Connection, params: dict[str, Any], n: int) -> list[Any]:
+        # The insert's count says how many keys were new: all of them (a bulk run's first
+        # pass) means every key was inserted claimed with token 1, and the read-back of the
+        # block is not needed. Not where the connection counts rows found rather than
+        # changed (CLIENT_FOUND_ROWS: a key inserted meanwhile would count too).
+        insert, read_back = STATEMENTS["effect_claim_new_many"]
+        if c.client_flag & CLIENT.FOUND_ROWS:
+            return self._run(c, "effect_claim_new_many", params)
+        args = {k: _param(v) for k, v in params.items()}
+        inserted = self._count(c, [insert], args)
+        if inserted == n:
+            return [(k, 1) for k in json.loads(args["keys"])]
+        if inserted == 0:  # (a re-run over entries that all exist)
+            return []
+        with c.cursor() as cur:
+            cur.execute(read_back, args)
+            return list(cur.fetchall())
+
+    def finish_effects(self, c: pymysql.Connection, scope: str,
+                       rows: Sequence[tuple[str, int, str | None, str | None]]) -> list[Any]:
+        token, result, error = rows[0][1:]
+        if error is not None or any(r[1:] != (token, result, error) for r in rows):
+            return super().finish_effects(c, scope, rows)
+        keys = tuple(r[0] for r in rows)
+        args = {"scope": scope, "keyset": keys, "token": token, "result": result}
+        (same,) = STATEMENTS["effect_finish_same"]
+        if self._count(c, ["SAVEPOINT justonce_finish", same], args) == len(keys):
+            return [(k, "done") for k in keys]
+        with c.cursor() as cur:  # a claim was taken over: find out which, the long way
+            cur.execute("ROLLBACK TO SAVEPOINT justonce_finish")
+        return super().finish_effects(c, scope, rows)
+
     # -- bulk inserts ----------------------------------------------------------------------------------
     def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
                      kwargs_doc: str) -> list[int]:
