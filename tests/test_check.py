@@ -155,6 +155,9 @@ CASES = {
         plant(clean(), add=[{"ev": "slot_acquire", "t": 1.7, "pid": P, "set": "s", "slot": 0, "token": 1,
                              "until": 3.7, "lease": 2.0}]),
         plant(clean(), add=[{"ev": "slot_act", "t": 5.5, "pid": Q, "set": "s", "slot": 0, "token": 1}]),
+        # the same, with token 2's acquisition logged late (its database time is still 5.0)
+        plant(clean(), change=setting("slot_acquire", {"slot": 0, "token": 2}, t=6.0),
+              add=[{"ev": "slot_act", "t": 5.5, "pid": Q, "set": "s", "slot": 0, "token": 1}]),
     ],
     "one batch completion": [
         plant(clean(), add=[{"ev": "batch_complete", "t": 5.4, "batch": "b"}]),

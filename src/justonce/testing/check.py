@@ -331,11 +331,19 @@ def _slots(r: Report, by: dict[str, list[Line]]) -> None:
     for act in by.get("slot_act", []):
         k = _key(act, "set", "slot", "token")
         later = [x for x in tenures.get(k[:2], []) if x["token"] > k[2] and x.pid != act.pid
-                 and x.t < act.t]
+                 and _acquired_at(x) < act.t]
         if later and k in until and act.t > until[k]:
             r.add("one live holder per slot and epoch", f"slot {k[1]} of {k[0]!r}: token "
                   f"{k[2]} acted after its lease ran out and token {later[0]['token']} was "
                   f"acquired", holder.get(k, act), later[0], act)
+
+
+def _acquired_at(line: Line) -> float:
+    """When a slot was acquired, by the database's clock where the line says (``until``
+    less the lease), else when it was logged."""
+    if line.get("lease") is None:
+        return float(line.t)
+    return float(line["until"]) - float(line["lease"])
 
 
 def _batches(r: Report, by: dict[str, list[Line]]) -> None:

@@ -53,6 +53,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import App, DatabaseUnavailable, Enqueue
+from ..demo import connect
 from ..failpoints import POINTS
 from . import check as checker
 from .databases import BACKENDS, fresh_database
@@ -61,6 +62,7 @@ from .netns import CutOffHost
 from .netns import unavailable as netns_unavailable
 from .pgbouncer import pgbouncer_bin, start_pgbouncer
 from .pgcluster import Cluster, pg_bin
+from .workload import FENCE_TABLE
 
 PG_URL = os.environ.get("JUSTONCE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 MYSQL_URL = os.environ.get("JUSTONCE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
@@ -147,6 +149,12 @@ class Run:
         self.history = Recorder(self.history_path)
         self.app = App(url, strict=False)  # the tasks are the workers' (workload.py)
         self.app.migrate()
+        db = connect(url)  # the table of the fenced jobs' writes (workload.fenced)
+        try:
+            db.execute(f"CREATE TABLE IF NOT EXISTS {FENCE_TABLE} "
+                       "(slot INTEGER NOT NULL, token BIGINT NOT NULL, n INTEGER NOT NULL)")
+        finally:
+            db.close()
         self.workers: list[Worker] = []
         self.faults: dict[str, int] = {}
         self.jobs: dict[int, tuple[str | None, int]] = {}  # id -> (key, max_attempts)
@@ -278,6 +286,9 @@ class Run:
         if self.rng.random() < 0.1:
             self.n += 1
             self.enqueue("flaky", [self.n])
+        if self.rng.random() < 0.3:
+            self.n += 1
+            self.enqueue("fenced", [self.n])
         if self.rng.random() < 0.05:
             batch = self.app.batches.open("torture", on_complete="justonce.testing.workload.batch_done")
             reqs = []

@@ -13,19 +13,25 @@ anything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from .. import App, Backoff, StaleReservation, current_job
+from .. import App, Backoff, LeaseLost, StaleReservation, current_job
+from ..demo import connect, dialect
 from ..events import Event, subscribe
 from .history import Recorder, from_env
 
 app = App()
 SCOPE = "torture"
 PARTITION_SET = "torture"
+FENCE_SET, FENCE_SLOTS, FENCE_LEASE = "torture-fence", 2, 1.0
+"""The slots that ``fenced`` jobs take for themselves (not the workers' partition set)."""
+FENCE_TABLE = "torture_fenced"
 
 _history: Recorder | None = from_env()
 
@@ -113,6 +119,98 @@ def list_part(name: str, k: int = 3) -> int:
                     accepted=p not in already)
     _ended()
     return len(positions)
+
+
+_db = threading.local()
+
+
+def _fence_db() -> Any:
+    """This thread's own connection to the run's database, for fenced writes (a caller's
+    connection, as a user's code would have)."""
+    db = getattr(_db, "conn", None)
+    if db is None:
+        db = connect(app.database_url)
+        if dialect(db) == "postgres":
+            db.prepare_threshold = None  # PgBouncer in transaction mode: no prepared statements
+        elif dialect(db) == "mysql":
+            db.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            # The README's advice for a connection that fences: a holder frozen inside its
+            # fenced transaction keeps the slot at most this long (MariaDB only).
+            with contextlib.suppress(Exception):
+                db.execute("SET SESSION idle_transaction_timeout = 2")
+        _db.conn = db
+    return db
+
+
+def _fenced_write(db: Any, lease: Any, n: int) -> float:
+    """One write under ``lease``'s fence, in one transaction; the database's time read just
+    before the fence (LeaseLost if the fence refuses)."""
+    insert = f"INSERT INTO {FENCE_TABLE} (slot, token, n) VALUES (%s, %s, %s)"
+    kind = dialect(db)
+    if kind == "sqlite":
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            at = time.time()  # SQLite's NOW() is each process's own clock (one machine)
+            lease.fence(db)
+            db.execute(insert.replace("%s", "?"), (lease.slot, lease.token, n))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return at
+    if kind == "postgres":
+        with db.transaction():
+            at = float(db.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
+            lease.fence(db)
+            db.execute(insert, (lease.slot, lease.token, n))
+        return at
+    conn = db.conn  # PyMySQL's own connection: what fence() takes
+    conn.begin()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT UNIX_TIMESTAMP(NOW(6))")
+            at = float(cur.fetchone()[0])
+            lease.fence(conn)
+            cur.execute(insert, (lease.slot, lease.token, n))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        raise
+    conn.commit()
+    return at
+
+
+@app.task(queue="torture", max_attempts=5, backoff=Backoff(base=0.05, cap=0.5, jitter=0))
+def fenced(n: int) -> int:
+    """Take a free slot of the fence set, write three times under its fence, release it.
+    Each committed write is a ``slot_act`` at the database's time just before its fence
+    (the fence let it through, so the token was current then); a refused or failed write
+    ends the job's acts. A worker frozen meanwhile loses the slot to another ``fenced`` job
+    and, woken, is refused."""
+    _started(n)
+    lease = app.partitions.try_acquire(FENCE_SET, FENCE_SLOTS, lease=FENCE_LEASE)
+    acts = 0
+    if lease is not None:
+        try:
+            for _ in range(3):
+                try:
+                    at = _fenced_write(_fence_db(), lease, n)
+                except LeaseLost:
+                    break
+                except Exception:  # noqa: BLE001 - a connection the server ended, say
+                    with contextlib.suppress(Exception):
+                        _db.conn.close()
+                    _db.conn = None
+                    break
+                if _history is not None:
+                    _history.line("slot_act", at, set=FENCE_SET, slot=lease.slot, token=lease.token)
+                acts += 1
+                time.sleep(0.05)
+        finally:
+            with contextlib.suppress(Exception):
+                lease.release()
+    _ended()
+    return acts
 
 
 @app.task(queue="torture")
