@@ -148,6 +148,8 @@ CASES = {
                              "accepted": True}]),
         plant(clean(), add=[{"ev": "list_complete", "t": 2.7, "list": "L", "item": 0, "token": 7,
                              "accepted": True}]),
+        plant(clean(), add=[{"ev": "batch_ack", "t": 5.15, "pid": P, "batch": "b", "item": 0,
+                             "accepted": True}]),
     ],
     "one live holder per slot and epoch": [
         # slot 0's token 2 acquired (db time 3.0) while token 1 held it until 3.5

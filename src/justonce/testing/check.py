@@ -41,10 +41,11 @@ The rules (each violation is printed with its smallest witness, the lines that p
   resolutions of the key (unless its ``effect_start`` says mode at_least_once).
 - ``no accepted write with an old token``: at most one accepted write per (job, token), and
   per (effect key, token); at most one accepted completion per list item, whatever its
-  token (an item is newly done once; a repeat is reported as already done); an accepted
-  complete or fail of token k is a violation when a claim of the same job with a greater
-  token was logged before the ``end`` of token k (that claim committed before the write
-  was sent).
+  token (an item is newly done once; a repeat is reported as already done), and per batch
+  item (an item is acked once: a second accepted ack is a write that should have been
+  refused); an accepted complete or fail of token k is a violation when a claim of the
+  same job with a greater token was logged before the ``end`` of token k (that claim
+  committed before the write was sent).
 - ``one live holder per slot and epoch``: per (set, slot) a token is held by one process;
   an acquisition of a greater token by another process at a database time (``until`` less
   the lease) before the known ``until`` of the previous token, which was not released, is a
@@ -349,9 +350,15 @@ def _acquired_at(line: Line) -> float:
 def _batches(r: Report, by: dict[str, list[Line]]) -> None:
     items = {line["batch"]: line for line in by.get("batch_items", [])}
     acked: dict[Any, set[Any]] = defaultdict(set)
+    first: dict[tuple[Any, Any], Line] = {}
     for line in by.get("batch_ack", []):
         if line["accepted"]:
             acked[line["batch"]].add(line["item"])
+            k = (line["batch"], line["item"])
+            if k in first:
+                r.add("no accepted write with an old token", f"batch {k[0]} item {k[1]} "
+                      "acked twice", first[k], line)
+            first.setdefault(k, line)
     r.counts["acks"] = sum(len(v) for v in acked.values())
     completes: dict[Any, list[Line]] = defaultdict(list)
     for line in by.get("batch_complete", []):

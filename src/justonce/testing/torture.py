@@ -361,6 +361,7 @@ class Run:
         """The database's last word on every job and batch, as history."""
         lines = read([self.history_path]) if self.batches else []
         acked: dict[int, float] = {}
+        logged = {line["job"] for line in lines if line.ev == "batch_ack" and line.get("job")}
         for line in lines:
             if line.ev in ("complete", "end") and line.get("job") is not None:
                 job = int(line["job"])
@@ -389,10 +390,11 @@ class Run:
             self.history.record("batch_items", batch=str(batch_id), n=len(ids))
             for i, job_id in enumerate(ids):
                 state = states.get(job_id) or str(self.app.get_job(job_id).state)
-                if state == "succeeded" and job_id in acked:
-                    # The item was acked in the transaction that accepted its job's success.
+                if state == "succeeded" and job_id in acked and job_id not in logged:
+                    # Acked in the transaction that accepted its job's success, by a worker
+                    # that died before it could log it (its history ends at the commit).
                     self.history.line("batch_ack", t=acked[job_id], batch=str(batch_id),
-                                      item=i, accepted=True)
+                                      item=i, accepted=True, derived=True)
 
     def close(self) -> None:
         # Each worker leads its own process group (a faketime wrapper and its python):

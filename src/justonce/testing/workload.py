@@ -224,6 +224,9 @@ def _on_event(event: Event, fields: Mapping[str, Any]) -> None:
         _record("claim", job=fields["job_id"], token=fields["token"], attempt=fields["attempt"])
     elif event is Event.JOB_SUCCEEDED:
         _record("complete", job=fields["job_id"], token=fields["token"], accepted=True)
+        if fields.get("batch_item"):  # acked in the transaction that accepted the success
+            batch, _, item = str(fields["batch_item"]).split(":")
+            _record("batch_ack", batch=batch, item=int(item), accepted=True, job=fields["job_id"])
     elif event is Event.JOB_REJECTED:
         ev = "complete" if fields.get("outcome") == "succeeded" else "fail"
         extra = {} if ev == "complete" else {"final": False}

@@ -626,7 +626,8 @@ class Worker:
                 if info and h is not None:
                     emit(Event.JOB_SUCCEEDED, "job succeeded", job_id=c.id, task=h.job.task,
                          queue=h.job.queue, attempt=h.job.attempts, token=c.lease_token,
-                         duration_ms=round(h.duration * 1000, 3), note=c.note)
+                         duration_ms=round(h.duration * 1000, 3), note=c.note,
+                         batch_item=c.batch_item)
             else:
                 self.stats.rejected += 1
                 emit(Event.JOB_REJECTED, "late completion rejected: lease lost", job_id=c.id,
