@@ -15,15 +15,16 @@ import pytest
 
 from conftest import LONG, REQUIRE_MYSQL, REQUIRE_PG, mysql_or_skip, postgres_or_skip
 from justonce.testing.netns import unavailable as netns_unavailable
-from justonce.testing.torture import ONLY_ON, SCENARIOS
+from justonce.testing.torture import ONLY_ON, SCENARIOS, missing_tool
 
 pytestmark = pytest.mark.slow
 
 MINUTES = os.environ.get("JUSTONCE_TORTURE_MINUTES", "3" if LONG else "0.2")
-"""The short form (CI, about a minute and a half): chaos (random kill -9 and SIGSTOP) on every
-backend, a kill at every failpoint on SQLite, and a worker host cut off from Postgres.
+"""The short form (CI, about a minute): chaos (random kill -9 and SIGSTOP) on every
+backend, a kill at every failpoint on SQLite, a worker host cut off from Postgres, and
+SQLite's disk filled and freed under its workers.
 JUSTONCE_LONG_TESTS=1 runs every scenario on every backend (failpoints, poison, skew, crowd,
-pgbouncer, pg-restart, cut-off too)."""
+pgbouncer, pg-restart, cut-off, full-disk too)."""
 
 
 def test_every_scenario_on_every_backend_ends_with_no_violation() -> None:
@@ -39,6 +40,14 @@ def test_every_scenario_on_every_backend_ends_with_no_violation() -> None:
         env["JUSTONCE_TEST_MYSQL_URL"] = my
     runs = ([(list(SCENARIOS), backends)] if LONG else
             [(["chaos"], backends), (["failpoints"], ["sqlite"])])
+    if not LONG:
+        why = missing_tool("full-disk")
+        if why is None:
+            runs.append((["full-disk"], ["sqlite"]))
+        elif os.environ.get("CI"):
+            pytest.fail(f"the full-disk scenario cannot run here: {why}")
+        else:
+            print(f"SKIPPED the full-disk scenario: {why}", file=sys.stderr)
     if not LONG and pg is not None:
         why = netns_unavailable()
         if why is None:
@@ -61,6 +70,8 @@ def test_every_scenario_on_every_backend_ends_with_no_violation() -> None:
                 assert "postgres stopped -m immediate" in faults, row
             if scenario == "cut-off":
                 assert "link cut" in faults, row
+            if scenario == "full-disk":
+                assert "disk full" in faults, row
 
 
 def _torture(scenarios: list[str], backends: list[str], env: dict[str, str]) -> list[str]:

@@ -28,6 +28,9 @@ Scenarios:
   namespace made here, one veth link to this host) holding the partition slots, the link
   dropped for twice the lease and restored, again and again (:mod:`justonce.testing.netns`);
   packets are lost, not refused, so their connections hang as on a real network failure.
+- ``full-disk`` (SQLite; root): the database on a small tmpfs of its own, filled for 1-2
+  leases and freed, again and again, under working workers (one killed now and then);
+  after the run SQLite's integrity check must say ok.
 
 ``--seed`` makes the faults (which worker, when, how long) and the work replayable; the
 machine's timing still varies. ``--keep DIR`` keeps each run's history and worker logs.
@@ -70,6 +73,8 @@ LEASE, HEARTBEAT = 2.0, 0.5
 KEYS = [f"k{i}" for i in range(12)]
 LIST_ITEMS = 12
 LIST_TTR = 3.0
+SMALL_DISK_MB = 24
+"""The full-disk scenario's file system: room for a run's database and its WAL."""
 """A list reservation's time to run: longer than a job's lease, shorter than the longest
 stop, so a stopped worker's reservation times out and is handed out again."""
 WORKER_POINTS = [p for p in POINTS if p.split(".")[0] in ("job", "ack", "fail", "heartbeat",
@@ -212,6 +217,10 @@ class Run:
         w.replaced = True
         return self.start_worker(w.partitioned, concurrency=w.concurrency, slots=w.slots,
                                  skew=w.skew, host=w.host)
+
+    def sqlite_path(self) -> Path:
+        """The file of a SQLite run's database."""
+        return Path(self.url.split("?", 1)[0][len("sqlite:///"):])
 
     def live(self) -> list[Worker]:
         return [w for w in self.workers if w.popen.poll() is None]
@@ -518,6 +527,72 @@ def cut_off(run: Run, seconds: float) -> None:
         run.stop_all()
 
 
+def full_disk(run: Run, seconds: float) -> None:
+    """SQLite on a small file system of its own (a tmpfs): while work flows, the disk is
+    filled for 1-2 leases and freed again, a few times, and a worker is killed now and then.
+    Every write meanwhile must fail cleanly (DatabaseUnavailable: the disk is full), nothing
+    may be half written, and the work must resume when space returns (the file's integrity
+    is checked after the run)."""
+    for _ in range(2):
+        run.start_worker(False)
+    for _ in range(2):
+        run.start_worker(True)
+    disk = run.sqlite_path().parent
+    end = time.monotonic() + seconds
+    next_fill = time.monotonic() + run.rng.uniform(1.0, 2.0)
+    filler: Path | None = None
+    free_at = 0.0
+    while time.monotonic() < end or filler is not None:
+        run.flow()
+        now = time.monotonic()
+        if filler is None and now >= next_fill and now < end:
+            filler = fill(disk)
+            free_at = now + run.rng.uniform(1.0, 2.0) * LEASE
+            run.fault("disk full")
+        elif filler is not None and now >= free_at:
+            filler.unlink()
+            filler = None
+            next_fill = now + run.rng.uniform(1.0, 2.5)
+            if run.rng.random() < 0.5:
+                w = run.rng.choice(run.live())
+                run.kill(w)
+                run.replace(w)
+        time.sleep(0.05)
+
+
+def fill(folder: Path) -> Path:
+    """Take every free byte of ``folder``'s file system (the file keeps what it got)."""
+    filler = folder / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb", buffering=0) as f:
+        while True:
+            f.write(b"\0" * 65536)
+    return filler
+
+
+@contextmanager
+def small_disk_database(folder: Path) -> Iterator[tuple[str, None]]:
+    """A SQLite database on a tmpfs of SMALL_DISK_MB mounted in ``folder`` (needs root)."""
+    disk = folder / "disk"
+    disk.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK_MB}m", "tmpfs",
+                          str(disk)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"cannot mount a tmpfs: {out.stderr.strip()}")
+    try:
+        yield f"sqlite:///{disk / 'torture.db'}", None
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def sqlite_integrity(path: Path) -> str | None:
+    """None when SQLite's integrity check of ``path`` says ok, else what it says."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as c:
+        said = str(c.execute("PRAGMA integrity_check").fetchone()[0])
+    return None if said == "ok" else f"integrity_check: {said}"
+
+
 def _faults(run: Run, seconds: float) -> None:
     """The chaos loop: work flows; every 0.4-1.2 s a worker is killed (and replaced) or
     stopped for 0.5-2.5 leases."""
@@ -597,8 +672,9 @@ def poison(run: Run, seconds: float) -> None:
 SCENARIOS: dict[str, Callable[[Run, float], None]] = {
     "chaos": chaos, "failpoints": failpoint_kills, "poison": poison, "skew": skew,
     "crowd": crowd, "pgbouncer": pgbouncer, "pg-restart": pg_restart, "cut-off": cut_off,
+    "full-disk": full_disk,
 }
-ONLY_ON = {"crowd": {"sqlite"}, "pgbouncer": {"postgres"}, "pg-restart": {"postgres"},
+ONLY_ON = {"crowd": {"sqlite"}, "full-disk": {"sqlite"}, "pgbouncer": {"postgres"}, "pg-restart": {"postgres"},
            "skew": {"postgres", "mysql"}, "cut-off": {"postgres", "mysql"}}
 """Scenarios that are about some backends. Skew and cut-off are about servers: SQLite's
 time is each process's own clock, its processes share one machine, hence one clock, and
@@ -615,6 +691,8 @@ def missing_tool(scenario: str) -> str | None:
         return "initdb / pg_ctl are not installed (Debian: postgresql)"
     if scenario == "cut-off":
         return netns_unavailable()
+    if scenario == "full-disk" and (os.geteuid() != 0 or shutil.which("mount") is None):
+        return "mounting a small tmpfs needs root and mount(8)"
     return None
 
 
@@ -635,6 +713,7 @@ def run_one(scenario: str, backend: str, seconds: float, seed: int, keep: Path |
     started = time.monotonic()
     try:
         with (cluster_database() if scenario == "pg-restart"
+              else small_disk_database(folder) if scenario == "full-disk"
               else _no_cluster(database(backend, folder))) as (url, cluster):
             run = Run(url, folder, rng)
             run.cluster = cluster
@@ -647,6 +726,8 @@ def run_one(scenario: str, backend: str, seconds: float, seed: int, keep: Path |
                     result.error = f"work not finished 90 s after the faults stopped: {run.left()}"
                 run.stop_all()
                 run.finish()
+                if scenario == "full-disk":
+                    result.error = result.error or sqlite_integrity(run.sqlite_path())
             finally:
                 result.faults = dict(run.faults)
                 run.close()
