@@ -108,37 +108,10 @@ def test_fn_raising_for_some_keys_releases_them_and_the_run_goes_on(app: App) ->
     assert app.effects.get("mail", 3).attempts == 2
 
 
-def test_at_least_once_redoes_entries_in_doubt_and_a_late_chunk_is_overtaken(app: App) -> None:
-    started, outcomes = threading.Event(), {}
-
-    def slow(idem: str) -> str:
-        if not started.is_set():
-            started.set()
-            time.sleep(0.8)  # the chunk outlives its 0.3 s lease
-        return "late"
-
-    def late_holder() -> None:
-        outcomes["late"] = app.effects.run_many("charge", [1, 2, 3], slow, policy=AT_LEAST_ONCE,
-                                                lease=0.3)
-
-    t = threading.Thread(target=late_holder)
-    t.start()
-    assert started.wait(30)
-    time.sleep(0.4)
-    redo = app.effects.run_many("charge", [1, 2, 3, 4], lambda idem: "redone", policy=AT_LEAST_ONCE)
-    t.join(30)
-    assert (redo.done, redo.redone) == (4, 3)
-    late = outcomes["late"]
-    assert (late.done, late.overtaken, late.ran) == (0, ("1", "2", "3"), 3)
-    for k in (1, 2, 3):
-        info = app.effects.get("charge", k)
-        assert (info.state, info.result, info.token) == ("done", "redone", 2)
-
-
-def test_a_chunk_partly_overtaken_marks_the_rest_done_and_only_the_rest(app: App) -> None:
-    """Keys 1 and 3 are still the late chunk's when it finishes; key 2 was redone by another
-    caller meanwhile. The late chunk's results land on 1 and 3 only (MySQL's fast finish
-    counts fewer rows than it sent, rolls back to its savepoint and finishes key by key)."""
+def late_chunk_beside(app: App, redo_keys: list[int]) -> tuple[Any, Any]:
+    """A run_many over charge 1-3 (at least once, 0.3 s lease) whose first fn call outlives
+    the lease, and, while it hangs, another run_many that redoes ``redo_keys``: (the late
+    chunk's outcome, the redo's)."""
     started = threading.Event()
     outcomes: dict[str, Any] = {}
 
@@ -156,13 +129,29 @@ def test_a_chunk_partly_overtaken_marks_the_rest_done_and_only_the_rest(app: App
     t.start()
     assert started.wait(30)
     time.sleep(0.4)
-    redo = app.effects.run_many("charge", [2], lambda idem: "redone", policy=AT_LEAST_ONCE)
+    redo = app.effects.run_many("charge", redo_keys, lambda idem: "redone", policy=AT_LEAST_ONCE)
     t.join(30)
+    return outcomes["late"], redo
+
+
+def test_at_least_once_redoes_entries_in_doubt_and_a_late_chunk_is_overtaken(app: App) -> None:
+    late, redo = late_chunk_beside(app, [1, 2, 3, 4])
+    assert (redo.done, redo.redone) == (4, 3)
+    assert (late.done, late.overtaken, late.ran) == (0, ("1", "2", "3"), 3)
+    for k in (1, 2, 3):
+        info = app.effects.get("charge", k)
+        assert (info.state, info.result, info.token) == ("done", "redone", 2)
+
+
+def test_a_chunk_partly_overtaken_marks_the_rest_done_and_only_the_rest(app: App) -> None:
+    """Keys 1 and 3 are still the late chunk's when it finishes; key 2 was redone by another
+    caller meanwhile. The late chunk's results land on 1 and 3 only (MySQL's fast finish
+    counts fewer rows than it sent, rolls back to its savepoint and finishes key by key)."""
+    late, redo = late_chunk_beside(app, [2])
     assert (redo.done, redo.redone) == (1, 1)
-    late = outcomes["late"]
     assert (late.done, late.overtaken) == (2, ("2",))
-    assert [(i.state, i.result, i.token) for i in map(lambda k: app.effects.get("charge", k),
-                                                      (1, 2, 3))] == [
+    infos = [app.effects.get("charge", k) for k in (1, 2, 3)]
+    assert [(i.state, i.result, i.token) for i in infos] == [
         ("done", "late", 1), ("done", "redone", 2), ("done", "late", 1)]
 
 

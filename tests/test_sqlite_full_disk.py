@@ -3,7 +3,6 @@ written, no corruption, and the work resumes when space returns."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from justonce import App, DatabaseUnavailable, Worker
+from justonce.testing.torture import fill, sqlite_integrity
 
 pytestmark = pytest.mark.slow
 
@@ -32,22 +32,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def fill(folder: Path) -> Path:
-    """Take every free byte of the file system (the filler file keeps what it got)."""
-    filler = folder / "filler"
-    with contextlib.suppress(OSError), open(filler, "wb", buffering=0) as f:
-        while True:
-            f.write(b"\0" * 4096)
-    return filler
-
-
-def integrity(db: Path) -> str:
-    import sqlite3
-
-    with contextlib.closing(sqlite3.connect(db)) as c:
-        return str(c.execute("PRAGMA integrity_check").fetchone()[0])
 
 
 def test_a_full_disk_refuses_writes_clearly_and_the_work_resumes_when_space_returns(
@@ -81,7 +65,7 @@ def test_a_full_disk_refuses_writes_clearly_and_the_work_resumes_when_space_retu
         assert all("full" in r for r in refused), refused
         assert "nothing of this call was written" in refused[0]
         time.sleep(1.0)  # the worker meets the full disk too (claims, acks, renewals)
-        assert integrity(db) == "ok"
+        assert sqlite_integrity(db) is None
         filler.unlink()
         after = [app.enqueue(work, [n, "y"]).id for n in range(1000, 1010)]
         ids = before + accepted + after
@@ -98,5 +82,5 @@ def test_a_full_disk_refuses_writes_clearly_and_the_work_resumes_when_space_retu
     total = len(app.list_jobs(limit=10000))
     assert total == len(ids)  # refused enqueues wrote nothing
     assert set(ran) >= {app.get_job(i).args[0] for i in ids}
-    assert integrity(db) == "ok"
+    assert sqlite_integrity(db) is None
     app.close()
