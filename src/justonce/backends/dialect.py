@@ -128,7 +128,9 @@ class Dialect:
 
     def guard_fence(self, c: Any, idle_limit: float) -> None:
         """``guard_idle`` for the caller's own transaction: only where the setting ends with
-        that transaction, never touching the caller's session beyond it. Default: nothing."""
+        that transaction (a caller's later transactions keep their own). When it fires, the
+        server ends the whole session: the caller's connection is closed (a pool must
+        discard it). Default: nothing."""
 
     def write_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self.tx(None, lambda c: self.dicts(c, name, params))

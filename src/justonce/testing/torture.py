@@ -73,10 +73,10 @@ LEASE, HEARTBEAT = 2.0, 0.5
 KEYS = [f"k{i}" for i in range(12)]
 LIST_ITEMS = 12
 LIST_TTR = 3.0
-SMALL_DISK_MB = 24
-"""The full-disk scenario's file system: room for a run's database and its WAL."""
 """A list reservation's time to run: longer than a job's lease, shorter than the longest
 stop, so a stopped worker's reservation times out and is handed out again."""
+SMALL_DISK_MB = 24
+"""The full-disk scenario's file system: room for a run's database and its WAL."""
 WORKER_POINTS = [p for p in POINTS if p.split(".")[0] in ("job", "ack", "fail", "heartbeat",
                                                           "partition", "effect", "list")
                  and p not in ("effect.after_chunk", "list.after_append_chunk")]
@@ -542,22 +542,27 @@ def full_disk(run: Run, seconds: float) -> None:
     next_fill = time.monotonic() + run.rng.uniform(1.0, 2.0)
     filler: Path | None = None
     free_at = 0.0
-    while time.monotonic() < end or filler is not None:
-        run.flow()
-        now = time.monotonic()
-        if filler is None and now >= next_fill and now < end:
-            filler = fill(disk)
-            free_at = now + run.rng.uniform(1.0, 2.0) * LEASE
-            run.fault("disk full")
-        elif filler is not None and now >= free_at:
-            filler.unlink()
-            filler = None
-            next_fill = now + run.rng.uniform(1.0, 2.5)
-            if run.rng.random() < 0.5:
-                w = run.rng.choice(run.live())
-                run.kill(w)
-                run.replace(w)
-        time.sleep(0.05)
+    try:
+        while time.monotonic() < end or filler is not None:
+            run.flow()
+            now = time.monotonic()
+            if filler is None and now >= next_fill and now < end:
+                filler = fill(disk)
+                free_at = now + run.rng.uniform(1.0, 2.0) * LEASE
+                run.fault("disk full")
+            elif filler is not None and now >= free_at:
+                filler.unlink(missing_ok=True)
+                filler = None
+                next_fill = now + run.rng.uniform(1.0, 2.5)
+                live = run.live()
+                if live and run.rng.random() < 0.5:
+                    w = run.rng.choice(live)
+                    run.kill(w)
+                    run.replace(w)
+            time.sleep(0.05)
+    finally:
+        if filler is not None:
+            filler.unlink(missing_ok=True)
 
 
 def fill(folder: Path) -> Path:
@@ -691,8 +696,21 @@ def missing_tool(scenario: str) -> str | None:
         return "initdb / pg_ctl are not installed (Debian: postgresql)"
     if scenario == "cut-off":
         return netns_unavailable()
-    if scenario == "full-disk" and (os.geteuid() != 0 or shutil.which("mount") is None):
+    if scenario == "full-disk":
+        return tmpfs_unavailable()
+    return None
+
+
+def tmpfs_unavailable() -> str | None:
+    """None when this process can mount (and unmount) a small tmpfs, else why not."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
         return "mounting a small tmpfs needs root and mount(8)"
+    with tempfile.TemporaryDirectory(prefix="torture-tmpfs-") as d:
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return f"cannot mount a tmpfs here: {out.stderr.strip()}"
+        subprocess.run(["umount", d], check=False)
     return None
 
 

@@ -129,10 +129,19 @@ def _fence_db() -> Any:
     connection, as a user's code would have)."""
     db = getattr(_db, "conn", None)
     if db is None:
-        db = connect(app.database_url)
-        if dialect(db) == "postgres":
-            db.prepare_threshold = None  # PgBouncer in transaction mode: no prepared statements
-        elif dialect(db) == "mysql":
+        url = app.database_url
+        if url.split(":", 1)[0].startswith("postgres"):
+            # Behind PgBouncer (transaction mode) no startup options and no prepared
+            # statements: the schema is set in each transaction (_fenced_write).
+            import psycopg
+
+            from ..backends.postgres.backend import parse_postgres_url
+
+            conninfo, _db.schema, _ = parse_postgres_url(url)
+            db = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+        else:
+            db = connect(url)
+        if dialect(db) == "mysql":
             db.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             # The README's advice for a connection that fences: a holder frozen inside its
             # fenced transaction keeps the slot at most this long (MariaDB only).
@@ -160,6 +169,8 @@ def _fenced_write(db: Any, lease: Any, n: int) -> float:
         return at
     if kind == "postgres":
         with db.transaction():
+            if getattr(_db, "schema", None):
+                db.execute("SELECT set_config('search_path', %s, true)", (_db.schema,))
             at = float(db.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
             lease.fence(db)
             db.execute(insert, (lease.slot, lease.token, n))
@@ -207,6 +218,10 @@ def fenced(n: int) -> int:
                 acts += 1
                 time.sleep(0.05)
         finally:
+            # Logged before the call: a process killed between the release's commit and a
+            # line after it would leave the next holder looking like an overlap (the
+            # checker prefers missing a violation to inventing one).
+            _record("slot_release", set=FENCE_SET, slot=lease.slot, token=lease.token)
             with contextlib.suppress(Exception):
                 lease.release()
     _ended()
