@@ -3,8 +3,6 @@ written, no corruption, and the work resumes when space returns."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -13,25 +11,20 @@ from pathlib import Path
 import pytest
 
 from justonce import App, DatabaseUnavailable, Worker
-from justonce.testing.torture import fill, sqlite_integrity
+from justonce.testing.torture import fill, sqlite_integrity, tmpfs, tmpfs_unavailable
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
+    why = tmpfs_unavailable()
+    if why is not None:
+        pytest.skip(why)
     disk = tmp_path / "disk"
     disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
-    try:
+    with tmpfs(disk, 2):
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_full_disk_refuses_writes_clearly_and_the_work_resumes_when_space_returns(

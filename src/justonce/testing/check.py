@@ -323,7 +323,7 @@ def _slots(r: Report, by: dict[str, list[Line]]) -> None:
             ka = (set_name, slot, a["token"])
             if a.pid == b.pid or ka in released or b.get("lease") is None:
                 continue
-            b_at = float(b["until"]) - float(b["lease"])
+            b_at = _acquired_at(b)
             if b_at < until[ka] - 1e-3:
                 r.add("one live holder per slot and epoch",
                       f"slot {slot} of {set_name!r}: token {b['token']} acquired at "

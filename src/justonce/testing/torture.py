@@ -56,6 +56,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import App, DatabaseUnavailable, Enqueue
+from ..backends.sqlite.backend import parse_sqlite_url
 from ..demo import connect
 from ..failpoints import POINTS
 from . import check as checker
@@ -220,7 +221,7 @@ class Run:
 
     def sqlite_path(self) -> Path:
         """The file of a SQLite run's database."""
-        return Path(self.url.split("?", 1)[0][len("sqlite:///"):])
+        return Path(parse_sqlite_url(self.url)[0])
 
     def live(self) -> list[Worker]:
         return [w for w in self.workers if w.popen.poll() is None]
@@ -575,18 +576,26 @@ def fill(folder: Path) -> Path:
 
 
 @contextmanager
+def tmpfs(disk: Path, megabytes: int) -> Iterator[Path]:
+    """A tmpfs of ``megabytes`` mounted on the empty folder ``disk`` (needs root), unmounted
+    after; RuntimeError when it cannot be mounted."""
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs",
+                          str(disk)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@contextmanager
 def small_disk_database(folder: Path) -> Iterator[tuple[str, None]]:
     """A SQLite database on a tmpfs of SMALL_DISK_MB mounted in ``folder`` (needs root)."""
     disk = folder / "disk"
     disk.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK_MB}m", "tmpfs",
-                          str(disk)], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"cannot mount a tmpfs: {out.stderr.strip()}")
-    try:
+    with tmpfs(disk, SMALL_DISK_MB):
         yield f"sqlite:///{disk / 'torture.db'}", None
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def sqlite_integrity(path: Path) -> str | None:
@@ -706,11 +715,11 @@ def tmpfs_unavailable() -> str | None:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return "mounting a small tmpfs needs root and mount(8)"
     with tempfile.TemporaryDirectory(prefix="torture-tmpfs-") as d:
-        out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            return f"cannot mount a tmpfs here: {out.stderr.strip()}"
-        subprocess.run(["umount", d], check=False)
+        try:
+            with tmpfs(Path(d), 1):
+                pass
+        except RuntimeError as exc:
+            return str(exc)
     return None
 
 
