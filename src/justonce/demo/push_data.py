@@ -46,10 +46,14 @@ def criteria_sql(criteria: dict[str, Any], prefix: str = "") -> tuple[str, list[
         joiner = " AND " if op == "all" else " OR "
         return "(" + joiner.join(p for p, _ in parts) + ")", [x for _, ps in parts for x in ps]
     if op == "near":
-        kx = 111.320 * math.cos(math.radians(arg["lat"]))
+        # Every number is a parameter, so a float: a decimal literal in the text (110.574)
+        # is a DECIMAL to MariaDB, converted to a double again for every row it looks at
+        # (~8 % of the server's time in a Push's slot scans).
+        kx, ky = 111.320 * math.cos(math.radians(arg["lat"])), 110.574
         lat, lon = f"{prefix}lat", f"{prefix}lon"
-        return (f"((({lon} - ?) * ?) * (({lon} - ?) * ?) + (({lat} - ?) * 110.574) * (({lat} - ?) * 110.574)"
-                " <= ?)", [arg["lon"], kx, arg["lon"], kx, arg["lat"], arg["lat"], float(arg["km"]) ** 2])
+        return (f"((({lon} - ?) * ?) * (({lon} - ?) * ?) + (({lat} - ?) * ?) * (({lat} - ?) * ?)"
+                " <= ?)", [arg["lon"], kx, arg["lon"], kx, arg["lat"], ky, arg["lat"], ky,
+                           float(arg["km"]) ** 2])
     if op == "interest":
         return f"({prefix}interests LIKE ?)", [f"%|{arg}|%"]
     raise ValueError(f"unknown list criterion {op!r}")
@@ -96,8 +100,12 @@ def load_users(conn: Any, n: int, seed: int) -> None:
         for chunk in users(n, seed):
             conn.executemany("INSERT INTO demo_users VALUES (?, ?, ?, ?, ?)", chunk)
         conn.execute("COMMIT")
-    if kind != "sqlite":
-        conn.execute("ANALYZE TABLE demo_users" if kind == "mysql" else "ANALYZE demo_users")
+    if kind == "mysql":
+        conn.execute("ANALYZE TABLE demo_users")
+    elif kind == "postgres":
+        # VACUUM too: a table just filled by COPY is soon vacuumed by autovacuum (an insert
+        # threshold), which would otherwise land in the middle of the ceiling or the Push.
+        conn.execute("VACUUM ANALYZE demo_users")
 
 
 def users(n: int, seed: int) -> Iterator[list[tuple[int, str, float, float, str]]]:
