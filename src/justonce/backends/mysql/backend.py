@@ -376,6 +376,14 @@ class MySQLDialect(Dialect):
             pool.put(conn, broken)
 
     # -- the block runner ---------------------------------------------------------------------------
+    def _with_begin(self, c: pymysql.Connection, statements: Sequence[str]) -> list[str]:
+        """``statements``, after the BEGIN of a transaction of ours on ``c`` still to be
+        sent (``_own_tx`` defers it so that it rides with the first statement)."""
+        if id(c) in self._begin:
+            self._begin.discard(id(c))
+            return ["BEGIN", *statements]
+        return list(statements)
+
     def _run(self, c: pymysql.Connection, name: str, params: dict[str, Any],
              dicts: bool = False, splice: str | None = None) -> list[Any]:
         """Run a block (see the module docstring). ``splice``: SQL the dialect rendered
@@ -392,9 +400,7 @@ class MySQLDialect(Dialect):
             segments = [[s] for s in STATEMENTS[name]]
         with c.cursor() as cur:
             for segment in segments:
-                if id(c) in self._begin:
-                    self._begin.discard(id(c))
-                    segment = ["BEGIN", *segment]
+                segment = self._with_begin(c, segment)
                 text = ";\n".join(segment)
                 if splice is not None:
                     text = text.replace("/*rows*/", splice.replace("%", "%%"))
@@ -619,10 +625,7 @@ class MySQLDialect(Dialect):
     def _count(self, c: pymysql.Connection, statements: Sequence[str], args: dict[str, Any]) -> int:
         """Run ``statements`` in order (one round trip on our own connections, whose
         pending BEGIN rides with them as in ``_run``); the last one's affected rows."""
-        todo = list(statements)
-        if id(c) in self._begin:
-            self._begin.discard(id(c))
-            todo.insert(0, "BEGIN")
+        todo = self._with_begin(c, statements)
         with c.cursor() as cur:
             if c.client_flag & CLIENT.MULTI_STATEMENTS:
                 cur.execute(";\n".join(todo), args)
