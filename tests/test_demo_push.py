@@ -109,3 +109,27 @@ def test_demo_push_refuses_bad_options_with_one_line(tmp_path: Path, args: list[
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "justonce.db").exists()
+
+
+def test_the_ceiling_counts_only_what_every_sender_sent_inside_one_common_window() -> None:
+    """The plain senders start together (each process connects and says so before the
+    clock starts) and count only the messages that ended inside the window: the server
+    got exactly one more per sender thread (its message that ended after the window)."""
+    from justonce.demo.mail import measure_ceiling, start_smtp
+
+    controller, recorder, address = start_smtp()
+    try:
+        ceiling = measure_ceiling(address, 2, 3, seconds=1.0)
+        assert ceiling.senders == 6 and ceiling.seconds == 1.0
+        assert ceiling.messages > 0
+        assert recorder.received("ceiling") == ceiling.messages + 6
+        assert ceiling.per_second == ceiling.messages / 1.0
+    finally:
+        controller.stop()
+
+
+def test_a_ceiling_whose_senders_cannot_connect_fails_clearly() -> None:
+    from justonce.demo.mail import free_port, measure_ceiling
+
+    with pytest.raises(RuntimeError, match="did not start"):
+        measure_ceiling(f"127.0.0.1:{free_port()}", 2, 2, seconds=0.5)

@@ -139,30 +139,62 @@ class Ceiling:
 def measure_ceiling(address: str, processes: int, threads: int, seconds: float = 3.0) -> Ceiling:
     """``processes`` × ``threads`` plain smtplib senders, one connection each, sending one
     rendered message in a loop for ``seconds`` to ``address`` (its ``X-Justonce-Push`` is
-    "ceiling", so the demo's server keeps them apart from the Push)."""
-    start_at = time.time() + 1.0 + 0.1 * processes  # every process connected before the clock starts
-    cmd = [sys.executable, "-m", "justonce.demo.mail", address, str(threads), str(seconds), repr(start_at)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
-    sent = 0
-    for p in procs:
-        out, _ = p.communicate(timeout=60 + seconds)
-        sent += int(out.strip() or 0)
+    "ceiling", so the demo's server keeps them apart from the Push).
+
+    The clock starts only when every sender process has started and connected (each says
+    so on its stdout, then waits for the start time on its stdin), and every process sends
+    in the same window: a process still importing while the others send would leave the
+    server to fewer senders for a while, and the sum of their counts would not be what all
+    of them take at once."""
+    cmd = [sys.executable, "-m", "justonce.demo.mail", address, str(threads), str(seconds)]
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"a plain sender of the ceiling did not start (it said {line!r})")
+        start_at = time.time() + 0.2
+        sent = 0
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(f"{start_at!r}\n")
+            p.stdin.flush()
+        for p in procs:
+            out, _ = p.communicate(timeout=60 + seconds)
+            if p.returncode != 0:
+                raise RuntimeError(f"a plain sender of the ceiling failed (exit {p.returncode})")
+            sent += int(out.strip())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return Ceiling(processes * threads, sent, seconds)
 
 
-def _plain_sender(address: str, threads: int, seconds: float, start_at: float) -> int:
+def _plain_sender(address: str, threads: int, seconds: float) -> int:
+    """One process of the ceiling: connect, say "ready", read the start time (epoch
+    seconds) from stdin, send from then for ``seconds``; the count of messages sent."""
     host, _, port = address.rpartition(":")
     conns = [smtplib.SMTP(host, int(port), timeout=30) for _ in range(threads)]
     counts = [0] * threads
     content = {"subject": "ceiling", "body": "How fast the mail server takes plain sends."}
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
+    # One clock for every thread: the window [start_at, start_at + seconds] on the
+    # monotonic clock.
+    deadline = time.monotonic() + (start_at + seconds - time.time())
 
     def loop(i: int) -> None:
         message = render(0, f"ceiling{i}@example.test", "-", "ceiling", content, "ceiling")
         message = message.replace(b"X-Justonce-Push: 0", b"X-Justonce-Push: ceiling")
         time.sleep(max(0.0, start_at - time.time()))
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while True:
             conns[i].sendmail(SENDER, [f"ceiling{i}@example.test"], message)
+            if time.monotonic() > deadline:
+                break  # (this one ended after the window: not counted)
             counts[i] += 1
 
     workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
@@ -179,4 +211,4 @@ def _plain_sender(address: str, threads: int, seconds: float, start_at: float) -
 
 
 if __name__ == "__main__":
-    print(_plain_sender(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])))
+    print(_plain_sender(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))

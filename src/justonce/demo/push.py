@@ -108,6 +108,7 @@ def run_push_demo(database_url: str | None, opts: Options, out: Console) -> bool
     queue = f"push-{tag}"
     procs = _start_workers(url, queue, f"push-{tag}", address, opts)
     try:
+        _await_started(procs)
         run.ceiling = measure_ceiling(address, opts.workers, opts.senders, opts.ceiling_seconds)
         out.print(f"mail server ceiling: {run.ceiling.per_second:,.0f} messages/s from "
                   f"{run.ceiling.senders} plain smtplib senders ({opts.workers} processes × "
@@ -155,6 +156,33 @@ def _start_workers(url: str, queue: str, pset: str, address: str, opts: Options)
     # One more process than slots: a standby, to take over the work of a worker that dies.
     count = opts.workers + 1
     return [subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL) for _ in range(count)]
+
+
+def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> None:
+    """Wait until the workers have started (imports, connections, first claims: their CPU
+    falls quiet), at most ``limit`` s, so that the ceiling is measured on a machine that
+    does nothing else: started together, five workers keep a small machine's cores busy
+    for seconds. Where ``/proc`` cannot say (not Linux), a fixed pause."""
+    def ticks(p: subprocess.Popen[Any]) -> int:
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    if not os.path.exists(f"/proc/{os.getpid()}/stat"):
+        time.sleep(2.0)
+        return
+    window, quiet = 0.5, 0.1 * 0.5 * os.sysconf("SC_CLK_TCK")  # at most 10 % of a core
+    end = time.monotonic() + limit
+    before = [ticks(p) for p in procs]
+    while time.monotonic() < end:
+        time.sleep(window)
+        now = [ticks(p) for p in procs]
+        if all(p.poll() is not None or n - b <= quiet for p, b, n in zip(procs, before, now, strict=True)):
+            return
+        before = now
 
 
 def _enqueue_phase(run: Run, queue: str, opts: Options, phase: str, users: list[int] | None = None) -> None:
