@@ -13,10 +13,12 @@ import justonce
 
 
 def send_many(url: str, scope: str, keys: list[int], chunk: int, policy: str, lease: float,
-              log_dir: str, start: Any, results: Any, die_at: int = 0, ready: Any = None) -> None:
+              log_dir: str, start: Any, results: Any, die_at: int = 0, ready: Any = None,
+              stop_at: int = 0) -> None:
     """``run_many`` over ``keys`` in the order given from this process, logging each
     effect to ``log_dir/<pid>.log``. ``die_at`` > 0: SIGKILL this process on that call of
-    ``fn`` (after logging it). ``ready``: a queue it puts its pid on once connected, before
+    ``fn`` (after logging it); ``stop_at`` > 0: SIGSTOP it there instead (it goes on where
+    it was when sent SIGCONT). ``ready``: a queue it puts its pid on once connected, before
     it waits for ``start`` (so that a slow spawn cannot leave it nothing to do). Puts (pid,
     done, skipped, failed, overtaken, keys) on ``results`` when it lives to the end."""
     app = justonce.App(url, strict=False)
@@ -29,6 +31,8 @@ def send_many(url: str, scope: str, keys: list[int], chunk: int, policy: str, le
             log.flush()
             if calls == die_at:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if calls == stop_at:
+                os.kill(os.getpid(), signal.SIGSTOP)
 
         if start is not None:
             app.effects.counts(scope)  # connected and schema checked before the start

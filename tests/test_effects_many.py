@@ -6,7 +6,9 @@ Then real processes: six racing over overlapping key sets with one killed mid-ch
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -342,3 +344,51 @@ def test_kill_9_inside_fn_leaves_exactly_its_chunks_unmarked_keys_in_doubt(
         assert (redo.done, redo.redone, redo.skipped["done"]) == (300, 50, 100)
         assert Counter(redone) == Counter({k: 1 for k in current} | {str(k): 1 for k in keys[3 * chunk:]})
         assert app.effects.counts("kill") == {"done": 400}
+
+
+@pytest.mark.parametrize("policy", [AT_MOST_ONCE, AT_LEAST_ONCE])
+def test_a_process_stopped_inside_fn_past_its_lease_resumes_without_a_second_done_mark(
+    app: App, db_url: str, procs: Procs, tmp_path: Path, policy: str
+) -> None:
+    """One process, 400 keys in chunks of 50, SIGSTOPped on its 130th effect (chunk 2, 30
+    effects in) and left stopped past its 1 s lease while another caller runs over the same
+    keys; then SIGCONT. At most once: the other caller leaves chunk 2 alone (in doubt) and
+    does chunks 3-7; the resumed process finishes chunk 2 and marks it done (its claim was
+    never taken over), skips the rest: every key sent exactly once, all done. At least
+    once: the other caller redoes chunk 2 and does chunks 3-7; the resumed process's late
+    done marks for chunk 2 are refused (all 50 overtaken) and it skips the rest."""
+    keys = random.Random(11).sample(range(10_000), 400)
+    lease, chunk = 1.0, 50
+    results = procs.ctx.Queue()
+    (tmp_path / "victim").mkdir()
+    victim = procs.start(send_many, db_url, "stop", keys, chunk, policy, lease, str(tmp_path / "victim"),
+                         None, results, 0, None, 130)
+    log_file = tmp_path / "victim" / f"{victim.pid}.log"
+    wait_for(lambda: log_file.exists() and len(log_file.read_text().split()) == 130, 60,
+             "the victim to stop on its 130th effect")
+    current = {str(k) for k in keys[2 * chunk:3 * chunk]}
+    wait_for(lambda: {e.key for e in app.effects.in_doubt("stop")} == current, 10,
+             "the stopped holder's lease to run out")
+
+    other: list[str] = []
+    out = app.effects.run_many("stop", keys, lambda idem: other.append(idem.rsplit(":", 1)[1]),
+                               policy=policy, chunk=chunk, lease=30)
+    os.kill(victim.pid, signal.SIGCONT)
+    victim.join(60)
+    assert victim.exitcode == 0
+    _, v_done, v_skipped, v_failed, v_overtaken, _ = results.get(timeout=10)
+    victim_log = log_file.read_text().split()
+    later = Counter(str(k) for k in keys[3 * chunk:])
+    if policy == AT_MOST_ONCE:
+        assert (out.done, out.skipped) == (250, {"done": 100, "running": 0, "in_doubt": 50})
+        assert Counter(other) == later
+        assert (v_done, v_skipped["done"], v_failed, v_overtaken) == (150, 250, 0, 0)
+        sent = Counter(victim_log) + Counter(other)
+        assert set(sent.values()) == {1} and set(sent) == {str(k) for k in keys}
+    else:
+        assert (out.done, out.redone, out.skipped["done"]) == (300, 50, 100)
+        assert Counter(other) == Counter(current) + later
+        assert (v_done, v_skipped["done"], v_failed, v_overtaken) == (100, 250, 0, 50)
+        assert Counter(victim_log) == Counter(str(k) for k in keys[:3 * chunk])
+    assert app.effects.counts("stop") == {"done": 400}
+    assert app.effects.in_doubt("stop") == []
