@@ -362,7 +362,7 @@ def test_a_process_stopped_inside_fn_past_its_lease_resumes_without_a_second_don
     results = procs.ctx.Queue()
     (tmp_path / "victim").mkdir()
     victim = procs.start(send_many, db_url, "stop", keys, chunk, policy, lease, str(tmp_path / "victim"),
-                         None, results, 0, None, 130)
+                         None, results, stop_at=130)
     log_file = tmp_path / "victim" / f"{victim.pid}.log"
     wait_for(lambda: log_file.exists() and len(log_file.read_text().split()) == 130, 60,
              "the victim to stop on its 130th effect")

@@ -149,57 +149,81 @@ def measure_ceiling(address: str, processes: int, threads: int, seconds: float =
     cmd = [sys.executable, "-m", "justonce.demo.mail", address, str(threads), str(seconds)]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for _ in range(processes)]
+
+    def failed(p: subprocess.Popen[str], what: str) -> RuntimeError:
+        p.kill()
+        code = p.wait()
+        return RuntimeError(f"a plain sender of the ceiling {what} (exit {code}; sending to {address}: "
+                            "its error is on stderr above)")
+
     try:
         for p in procs:
             assert p.stdout is not None
-            line = p.stdout.readline().strip()
-            if line != "ready":
-                raise RuntimeError(f"a plain sender of the ceiling did not start (it said {line!r})")
-        start_at = time.time() + 0.2
-        sent = 0
+            if p.stdout.readline().strip() != "ready":
+                raise failed(p, "did not start")
+        # Every process is connected and its threads are waiting: half a second is enough
+        # for each to read the start time.
+        start_at = time.time() + 0.5
         for p in procs:
             assert p.stdin is not None
             p.stdin.write(f"{start_at!r}\n")
-            p.stdin.flush()
+            p.stdin.close()
+        sent = 0
         for p in procs:
-            out, _ = p.communicate(timeout=60 + seconds)
-            if p.returncode != 0:
-                raise RuntimeError(f"a plain sender of the ceiling failed (exit {p.returncode})")
-            sent += int(out.strip())
+            assert p.stdout is not None
+            # (readline above buffered nothing past "ready": the count comes seconds later)
+            out = p.stdout.read()
+            if p.wait(timeout=60 + seconds) != 0 or not out.strip().isdigit():
+                raise failed(p, "failed")
+            sent += int(out)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+            for pipe in (p.stdin, p.stdout):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
     return Ceiling(processes * threads, sent, seconds)
 
 
 def _plain_sender(address: str, threads: int, seconds: float) -> int:
-    """One process of the ceiling: connect, say "ready", read the start time (epoch
-    seconds) from stdin, send from then for ``seconds``; the count of messages sent."""
+    """One process of the ceiling: connect, start the threads, say "ready", read the start
+    time (epoch seconds) from stdin, send from then for ``seconds``; the count of messages
+    that ended inside the window. A thread that fails fails the process (exit 1): a
+    count short of a thread would make the ceiling too low."""
     host, _, port = address.rpartition(":")
     conns = [smtplib.SMTP(host, int(port), timeout=30) for _ in range(threads)]
     counts = [0] * threads
+    errors: list[BaseException] = []
     content = {"subject": "ceiling", "body": "How fast the mail server takes plain sends."}
-    print("ready", flush=True)
-    start_at = float(sys.stdin.readline())
-    # One clock for every thread: the window [start_at, start_at + seconds] on the
-    # monotonic clock.
-    deadline = time.monotonic() + (start_at + seconds - time.time())
+    window: list[float] = []  # [start, end] on the monotonic clock, set before `go`
+    go = threading.Event()
 
     def loop(i: int) -> None:
         message = render(0, f"ceiling{i}@example.test", "-", "ceiling", content, "ceiling")
         message = message.replace(b"X-Justonce-Push: 0", b"X-Justonce-Push: ceiling")
-        time.sleep(max(0.0, start_at - time.time()))
-        while True:
-            conns[i].sendmail(SENDER, [f"ceiling{i}@example.test"], message)
-            if time.monotonic() > deadline:
-                break  # (this one ended after the window: not counted)
-            counts[i] += 1
+        go.wait()
+        start, end = window
+        time.sleep(max(0.0, start - time.monotonic()))
+        try:
+            while True:
+                conns[i].sendmail(SENDER, [f"ceiling{i}@example.test"], message)
+                if time.monotonic() > end:
+                    break  # (this one ended after the window: not counted)
+                counts[i] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the process's exit code
+            errors.append(exc)
+            raise
 
     workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
+    start = time.monotonic() + (start_at - time.time())  # one clock from here on
+    window[:] = [start, start + seconds]
+    go.set()
     for w in workers:
         w.join()
     for c in conns:
@@ -207,6 +231,8 @@ def _plain_sender(address: str, threads: int, seconds: float) -> int:
             c.quit()
         except (OSError, smtplib.SMTPException):
             pass
+    if errors:
+        raise SystemExit(1)
     return sum(counts)
 
 

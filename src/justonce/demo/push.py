@@ -108,7 +108,9 @@ def run_push_demo(database_url: str | None, opts: Options, out: Console) -> bool
     queue = f"push-{tag}"
     procs = _start_workers(url, queue, f"push-{tag}", address, opts)
     try:
-        _await_started(procs)
+        if not _await_started(procs):
+            out.print("[yellow]the workers were still busy after 30 s: the ceiling is measured "
+                      "beside them[/yellow]")
         run.ceiling = measure_ceiling(address, opts.workers, opts.senders, opts.ceiling_seconds)
         out.print(f"mail server ceiling: {run.ceiling.per_second:,.0f} messages/s from "
                   f"{run.ceiling.senders} plain smtplib senders ({opts.workers} processes × "
@@ -158,31 +160,39 @@ def _start_workers(url: str, queue: str, pset: str, address: str, opts: Options)
     return [subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL) for _ in range(count)]
 
 
-def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> None:
+def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> bool:
     """Wait until the workers have started (imports, connections, first claims: their CPU
     falls quiet), at most ``limit`` s, so that the ceiling is measured on a machine that
     does nothing else: started together, five workers keep a small machine's cores busy
-    for seconds. Where ``/proc`` cannot say (not Linux), a fixed pause."""
-    def ticks(p: subprocess.Popen[Any]) -> int:
-        try:
-            with open(f"/proc/{p.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return int(fields[11]) + int(fields[12])  # utime + stime
-        except (OSError, IndexError, ValueError):
-            return 0
+    for seconds. Quiet: all of them together under a quarter of a core (or 5 % of a core
+    each, for many) over two half seconds in a row (idle, they poll: five take ~0.1 of a
+    core). False if they were not
+    quiet by then; where ``/proc`` cannot say (not Linux), a fixed pause."""
+    def ticks() -> int:
+        total = 0
+        for p in procs:
+            try:
+                with open(f"/proc/{p.pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime + stime
+            except (OSError, IndexError, ValueError):
+                pass  # (exited: its CPU counts no more)
+        return total
 
     if not os.path.exists(f"/proc/{os.getpid()}/stat"):
         time.sleep(2.0)
-        return
-    window, quiet = 0.5, 0.1 * 0.5 * os.sysconf("SC_CLK_TCK")  # at most 10 % of a core
-    end = time.monotonic() + limit
-    before = [ticks(p) for p in procs]
+        return True
+    window = 0.5
+    quiet = max(0.25, 0.05 * len(procs)) * window * os.sysconf("SC_CLK_TCK")
+    end, calm, before = time.monotonic() + limit, 0, ticks()
     while time.monotonic() < end:
         time.sleep(window)
-        now = [ticks(p) for p in procs]
-        if all(p.poll() is not None or n - b <= quiet for p, b, n in zip(procs, before, now, strict=True)):
-            return
+        now = ticks()
+        calm = calm + 1 if now - before <= quiet else 0
+        if calm == 2:
+            return True
         before = now
+    return False
 
 
 def _enqueue_phase(run: Run, queue: str, opts: Options, phase: str, users: list[int] | None = None) -> None:
