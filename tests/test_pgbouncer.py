@@ -305,3 +305,41 @@ def _run_everything(app: App, fleet: Fleet, url: str, schema: str) -> None:
     assert set(_succeeded([partitioned])) == partition_jobs
     for w in workers:
         assert _bad_lines(w) == [], w.tail()
+
+
+def test_the_push_demo_runs_through_pgbouncer_with_a_schema(bouncer: str, schema: str,
+                                                             pg_server_url: str, tmp_path: Path) -> None:
+    """The README's main job with ``?schema=…&pgbouncer=1``: the demo's own connections
+    (set-up with COPY and VACUUM, the slot jobs' page queries) go through PgBouncer as
+    justonce's do (nothing prepared, the schema set in each transaction), and every user
+    gets one email."""
+    import os
+    import sys
+
+    import psycopg
+
+    env = dict(os.environ, COLUMNS="140")
+    env.pop("JUSTONCE_DATABASE_URL", None)
+    url = f"{bouncer}?schema={schema}&pgbouncer=1"
+    done = subprocess.run([sys.executable, "-m", "justonce", "demo", "push", "--users", "20000",
+                           "--workers", "2", "--senders", "2", "--database-url", url],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "every user of the list got exactly one email" in out, out
+    with psycopg.connect(pg_server_url, autocommit=True) as direct:  # the demo's tables are in the schema
+        row = direct.execute(f'SELECT count(*) FROM "{schema}".demo_users').fetchone()
+        assert row is not None and row[0] == 20000
+        sampled = direct.execute(f'SELECT count(*) FROM "{schema}".demo_push_ab').fetchone()
+        assert sampled is not None and sampled[0] > 0
+
+    from justonce.demo import BouncedPostgres, connect
+
+    conn = connect(url)
+    try:
+        assert isinstance(conn, BouncedPostgres) and conn.conn.prepare_threshold is None
+        for _ in range(10):  # past psycopg's prepare threshold, on whichever server connection
+            count = conn.execute("SELECT count(*) FROM demo_push_ab WHERE push_id > %s", (0,)).fetchone()
+            assert count[0] == sampled[0]
+    finally:
+        conn.close()

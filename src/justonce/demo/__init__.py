@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -24,12 +25,56 @@ def connect(url: str) -> Any:
         return MySQLConnection(url)
     import psycopg
 
-    from ..backends.postgres.backend import parse_postgres_url
+    from ..backends.postgres.backend import parse_postgres_url, pgbouncer_mode
 
-    conninfo, schema, _ = parse_postgres_url(url)
+    conninfo, schema, options = parse_postgres_url(url)
+    if pgbouncer_mode(options):
+        return BouncedPostgres(conninfo, schema)
     if schema:
         return psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}")
     return psycopg.connect(conninfo, autocommit=True)
+
+
+class BouncedPostgres:
+    """psycopg through PgBouncer in transaction mode (``?pgbouncer=1``), as justonce's own
+    connections do it: nothing prepared (the next statement may land on another server
+    connection), and with ``?schema=`` every statement runs in a transaction that sets
+    ``search_path`` first (PgBouncer refuses the startup option, and a session ``SET``
+    would stay on a server connection that other clients get next)."""
+
+    def __init__(self, conninfo: str, schema: str | None) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+        self.schema = schema
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A cursor in a transaction of its own, with the schema set."""
+        with self.conn.transaction():
+            cur = self.conn.cursor()
+            if self.schema is not None:
+                cur.execute("SELECT set_config('search_path', %s, true)", (self.schema,))
+            yield cur
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        with self.transaction() as cur:
+            cur.execute(sql, tuple(params) or None)
+            return cur  # (its rows were fetched with the result: readable after the commit)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        with self.transaction() as cur:
+            cur.executemany(sql, rows)
+            return cur
+
+    def maintain(self, command: str, table: str) -> None:
+        """``VACUUM``-like commands, which cannot run inside a transaction: the table is
+        named with its schema instead."""
+        name = f'"{self.schema}".{table}' if self.schema is not None else table
+        self.conn.execute(f"{command} {name}")
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 class MySQLConnection:

@@ -10,6 +10,7 @@ needs escaping).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -17,7 +18,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
-from . import dialect
+from . import BouncedPostgres, dialect
 
 CITIES = [("Sydney", -33.8688, 151.2093, 0.40), ("Melbourne", -37.8136, 144.9631, 0.25),
           ("Brisbane", -27.4698, 153.0251, 0.15), ("Perth", -31.9505, 115.8605, 0.10),
@@ -85,7 +86,8 @@ def load_users(conn: Any, n: int, seed: int) -> None:
     """``n`` users, ids ``1..n``, made from ``seed`` (the same users on every backend)."""
     kind = dialect(conn)
     if kind == "postgres":
-        with conn.cursor().copy("COPY demo_users (id, email, lat, lon, interests) FROM STDIN") as copy:
+        with _pg_cursor(conn) as cur, cur.copy("COPY demo_users (id, email, lat, lon, interests) "
+                                                "FROM STDIN") as copy:
             for chunk in users(n, seed):
                 for row in chunk:
                     copy.write_row(row)
@@ -105,7 +107,10 @@ def load_users(conn: Any, n: int, seed: int) -> None:
     elif kind == "postgres":
         # VACUUM too: a table just filled by COPY is soon vacuumed by autovacuum (an insert
         # threshold), which would otherwise land in the middle of the ceiling or the Push.
-        conn.execute("VACUUM ANALYZE demo_users")
+        if isinstance(conn, BouncedPostgres):
+            conn.maintain("VACUUM ANALYZE", "demo_users")
+        else:
+            conn.execute("VACUUM ANALYZE demo_users")
 
 
 def users(n: int, seed: int) -> Iterator[list[tuple[int, str, float, float, str]]]:
@@ -152,6 +157,17 @@ def save_reached(conn: Any, push_id: int, reached: list[int]) -> None:
     """R, as the rest phase sees it when it starts: the users marked sent by then."""
     _insert_many(conn, "INSERT INTO demo_push_reached (push_id, user_id) VALUES (?, ?)",
                  [(push_id, uid) for uid in reached])
+
+
+@contextlib.contextmanager
+def _pg_cursor(conn: Any) -> Iterator[Any]:
+    """A psycopg cursor for a statement of several steps (COPY): through PgBouncer, in a
+    transaction that sets the schema first."""
+    if isinstance(conn, BouncedPostgres):
+        with conn.transaction() as cur:
+            yield cur
+    else:
+        yield conn.cursor()
 
 
 def _insert_many(conn: Any, statement: str, rows: list[tuple[Any, ...]]) -> None:
