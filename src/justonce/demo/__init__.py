@@ -58,6 +58,8 @@ class BouncedPostgres:
             yield cur
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.schema is None:  # (nothing to set: one statement, one round trip)
+            return self.conn.execute(sql, tuple(params) or None)
         with self.transaction() as cur:
             cur.execute(sql, tuple(params) or None)
             return cur  # (its rows were fetched with the result: readable after the commit)

@@ -161,19 +161,22 @@ def measure_ceiling(address: str, processes: int, threads: int, seconds: float =
             assert p.stdout is not None
             if p.stdout.readline().strip() != "ready":
                 raise failed(p, "did not start")
-        # Every process is connected and its threads are waiting: half a second is enough
-        # for each to read the start time.
-        start_at = time.time() + 0.5
+        # Every process is connected and its threads are waiting: a second is plenty for
+        # each to read the start time (one that reads it late fails: its window would be
+        # short, and the ceiling low).
+        start_at = time.time() + 1.0
         for p in procs:
             assert p.stdin is not None
-            p.stdin.write(f"{start_at!r}\n")
-            p.stdin.close()
+            try:
+                p.stdin.write(f"{start_at!r}\n")
+                p.stdin.flush()  # (communicate below closes it)
+            except BrokenPipeError:
+                raise failed(p, "failed") from None
         sent = 0
         for p in procs:
-            assert p.stdout is not None
             # (readline above buffered nothing past "ready": the count comes seconds later)
-            out = p.stdout.read()
-            if p.wait(timeout=60 + seconds) != 0 or not out.strip().isdigit():
+            out, _ = p.communicate(timeout=60 + seconds)
+            if p.returncode != 0 or not out.strip().isdigit():
                 raise failed(p, "failed")
             sent += int(out)
     finally:
@@ -201,12 +204,12 @@ def _plain_sender(address: str, threads: int, seconds: float) -> int:
     go = threading.Event()
 
     def loop(i: int) -> None:
-        message = render(0, f"ceiling{i}@example.test", "-", "ceiling", content, "ceiling")
-        message = message.replace(b"X-Justonce-Push: 0", b"X-Justonce-Push: ceiling")
-        go.wait()
-        start, end = window
-        time.sleep(max(0.0, start - time.monotonic()))
         try:
+            message = render(0, f"ceiling{i}@example.test", "-", "ceiling", content, "ceiling")
+            message = message.replace(b"X-Justonce-Push: 0", b"X-Justonce-Push: ceiling")
+            go.wait()
+            start, end = window
+            time.sleep(max(0.0, start - time.monotonic()))
             while True:
                 conns[i].sendmail(SENDER, [f"ceiling{i}@example.test"], message)
                 if time.monotonic() > end:
@@ -216,12 +219,16 @@ def _plain_sender(address: str, threads: int, seconds: float) -> int:
             errors.append(exc)
             raise
 
-    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    # Daemon threads: if no start time comes (the demo died, or stopped on an error), the
+    # process ends with its main thread instead of waiting for them forever.
+    workers = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(threads)]
     for w in workers:
         w.start()
     print("ready", flush=True)
     start_at = float(sys.stdin.readline())
     start = time.monotonic() + (start_at - time.time())  # one clock from here on
+    if start < time.monotonic():
+        raise SystemExit(f"the start time came {time.monotonic() - start:.2f}s late")
     window[:] = [start, start + seconds]
     go.set()
     for w in workers:

@@ -168,16 +168,16 @@ def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> b
     each, for many) over two half seconds in a row (idle, they poll: five take ~0.1 of a
     core). False if they were not
     quiet by then; where ``/proc`` cannot say (not Linux), a fixed pause."""
-    def ticks() -> int:
-        total = 0
+    def ticks() -> dict[int, int]:
+        out = {}
         for p in procs:
             try:
                 with open(f"/proc/{p.pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])  # utime + stime
+                out[p.pid] = int(fields[11]) + int(fields[12])  # utime + stime
             except (OSError, IndexError, ValueError):
-                pass  # (exited: its CPU counts no more)
-        return total
+                pass  # (gone)
+        return out
 
     if not os.path.exists(f"/proc/{os.getpid()}/stat"):
         time.sleep(2.0)
@@ -188,7 +188,8 @@ def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> b
     while time.monotonic() < end:
         time.sleep(window)
         now = ticks()
-        calm = calm + 1 if now - before <= quiet else 0
+        used = sum(t - before[pid] for pid, t in now.items() if pid in before)  # (one that went: not counted)
+        calm = calm + 1 if used <= quiet else 0
         if calm == 2:
             return True
         before = now
