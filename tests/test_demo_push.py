@@ -133,3 +133,17 @@ def test_a_ceiling_whose_senders_cannot_connect_fails_clearly() -> None:
 
     with pytest.raises(RuntimeError, match="did not start"):
         measure_ceiling(f"127.0.0.1:{free_port()}", 2, 2, seconds=0.5)
+
+
+def test_a_ceiling_process_that_reads_its_start_time_late_fails_the_try() -> None:
+    """A start time already past when it is read (here: given in the past) would leave that
+    process a short window and the ceiling low: the try fails as late, and
+    ``measure_ceiling`` tries again with a longer lead."""
+    from justonce.demo.mail import _Late, _measure, start_smtp
+
+    controller, recorder, address = start_smtp()
+    try:
+        with pytest.raises(_Late, match="late"):
+            _measure(address, 2, 2, 0.5, lead=-1.0)
+    finally:
+        controller.stop()
