@@ -169,7 +169,7 @@ def test_a_partitioned_scan_of_100000_rows_survives_a_killed_worker(
     assert batch.info().acked == 8
 
 
-PER_KEY = 1000 if LONG else 200
+PER_KEY = 1000 if LONG else 100
 
 
 

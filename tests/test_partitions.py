@@ -54,7 +54,7 @@ def test_bad_hashing_input_is_refused(bad: Any) -> None:
         bad()
 
 
-HALF, WORDS = (500_000, 200_000) if LONG else (100_000, 40_000)
+HALF, WORDS = (500_000, 200_000) if LONG else (50_000, 20_000)
 
 
 @pytest.mark.slow

@@ -19,8 +19,8 @@ from justonce.testing.torture import ONLY_ON, SCENARIOS, missing_tool
 
 pytestmark = pytest.mark.slow
 
-MINUTES = os.environ.get("JUSTONCE_TORTURE_MINUTES", "3" if LONG else "0.2")
-"""The short form (CI, about a minute): chaos (random kill -9 and SIGSTOP) on every
+MINUTES = os.environ.get("JUSTONCE_TORTURE_MINUTES", "3" if LONG else "0.1")
+"""The short form (CI, under a minute): chaos (random kill -9 and SIGSTOP) on every
 backend, a kill at every failpoint on SQLite, a worker host cut off from Postgres, and
 SQLite's disk filled and freed under its workers.
 JUSTONCE_LONG_TESTS=1 runs every scenario on every backend (failpoints, poison, skew, crowd,
