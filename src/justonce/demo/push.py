@@ -172,8 +172,8 @@ def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> b
     does nothing else: started together, five workers keep a small machine's cores busy
     for seconds. Quiet: all of them together under a quarter of a core (or 5 % of a core
     each, for many) over two half seconds in a row (idle, they poll: five take ~0.1 of a
-    core). False if they were not
-    quiet by then; where ``/proc`` cannot say (not Linux), a fixed pause."""
+    core). False if they were not quiet by then; where ``/proc`` cannot say (not Linux),
+    a fixed pause."""
     def ticks() -> dict[int, int]:
         out = {}
         for p in procs:
