@@ -194,6 +194,55 @@ def test_one_effect_has_one_policy(app: App) -> None:
     assert app.effects.get("charge", 1).state == "in_doubt"
 
 
+def _lock_setting(app: App, db_url: str) -> Any:
+    """The lock wait setting of the library's own connection that the next call gets (the
+    pools hand back the connection used last)."""
+    with app.backend.transaction() as c:
+        if db_url.startswith("mysql"):
+            with c.cursor() as cur:
+                cur.execute("SELECT @@innodb_lock_wait_timeout")
+                return cur.fetchone()[0]
+        query = "PRAGMA busy_timeout" if db_url.startswith("sqlite") else "SHOW lock_timeout"
+        return c.execute(query).fetchone()[0]
+
+
+def test_a_claims_lock_timeout_does_not_stay_on_the_librarys_own_connections(
+        app: App, db_url: str) -> None:
+    """The claim's lock wait (MySQL: innodb_lock_wait_timeout, set with the BEGIN and put
+    back with the COMMIT) is the claim's alone: after claims that succeed, time out or
+    find nothing to do, the next use of the connection waits as long as before."""
+    before = _lock_setting(app, db_url)
+    assert app.effects.run("lt", 1, lambda idem: "sent", lock_timeout=2).ran
+    assert _lock_setting(app, db_url) == before
+    assert app.effects.run("lt", 1, lambda idem: "twice?", lock_timeout=2).state == "done"
+    assert _lock_setting(app, db_url) == before
+    assert app.effects.run_many("lt", [1, 2, 3], lambda idem: None, lock_timeout=3).done == 2
+    assert _lock_setting(app, db_url) == before
+    held = app.effects.claim("lt", 9)
+    app.effects.claim("lt", 10, lease=0.05)  # dies: in doubt
+    time.sleep(0.1)
+    assert app.effects.run("lt", 10, lambda idem: "twice?").state == "in_doubt"
+    assert _lock_setting(app, db_url) == before
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        with proc_app._Tx(conn) as c:
+            eleven = app.effects.claim("lt", 11, conn=c)  # its row lock lasts until commit
+            with pytest.raises(LockTimeout):
+                app.effects.run("lt", 11, lambda idem: "twice?", lock_timeout=0.3)
+            with pytest.raises(LockTimeout):
+                app.effects.run_many("lt", [12, 11], lambda idem: None, lock_timeout=0.3)
+            if not db_url.startswith("sqlite"):  # (SQLite: the holder has the file's write lock)
+                assert _lock_setting(app, db_url) == before
+            eleven.done("once")
+        assert _lock_setting(app, db_url) == before
+    finally:
+        conn.close()
+    held.done("once")
+    assert app.effects.get("lt", 9).state == "done"
+    assert app.effects.get("lt", 11).state == "done"
+    assert _lock_setting(app, db_url) == before
+
+
 def test_a_claim_on_the_callers_connection_leaves_its_lock_timeout_alone(app: App, db_url: str) -> None:
     conn = proc_app.ledger_connect(db_url)
     try:

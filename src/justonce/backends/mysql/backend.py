@@ -20,6 +20,7 @@ database statements only); a lock wait past ``innodb_lock_wait_timeout`` is a Lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import queue
@@ -271,8 +272,13 @@ class MySQLDialect(Dialect):
         self._pool: _Pool | None = None
         self._lock = threading.Lock()
         self._schema_ok = False
-        self._begin: set[int] = set()
-        """ids of our connections whose transaction begins with their next statement."""
+        self._begin: dict[int, list[str]] = {}
+        """ids of our connections whose transaction begins with their next statement: the
+        statements to send first (BEGIN, after any session setting the transaction needs)."""
+        self._restore: dict[int, str] = {}
+        """ids of pooled connections with a session setting changed for one transaction of
+        ours: the statement that puts it back (sent with the COMMIT, else on return to the
+        pool)."""
         self._guarded: set[int] = set()
         """ids of pooled connections whose idle_transaction_timeout is set."""
         self.mariadb = True
@@ -370,19 +376,22 @@ class MySQLDialect(Dialect):
                         with conn.cursor() as cur:
                             cur.execute("SET SESSION idle_transaction_timeout = %s",
                                         (IDLE_IN_TRANSACTION,))
+                    restore = self._restore.pop(id(conn), None)
+                    if restore is not None:
+                        with conn.cursor() as cur:
+                            cur.execute(restore)
                 except pymysql.err.MySQLError:
                     broken = True
             self._guarded.discard(id(conn))
+            self._restore.pop(id(conn), None)
             pool.put(conn, broken)
 
     # -- the block runner ---------------------------------------------------------------------------
     def _with_begin(self, c: pymysql.Connection, statements: Sequence[str]) -> list[str]:
         """``statements``, after the BEGIN of a transaction of ours on ``c`` still to be
         sent (``_own_tx`` defers it so that it rides with the first statement)."""
-        if id(c) in self._begin:
-            self._begin.discard(id(c))
-            return ["BEGIN", *statements]
-        return list(statements)
+        first = self._begin.pop(id(c), None)
+        return [*first, *statements] if first is not None else list(statements)
 
     def _run(self, c: pymysql.Connection, name: str, params: dict[str, Any],
              dicts: bool = False, splice: str | None = None) -> list[Any]:
@@ -480,21 +489,42 @@ class MySQLDialect(Dialect):
             time.sleep(random.uniform(0, 0.002 * 2 ** attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _own_tx(self, fn: Callable[[pymysql.Connection], T]) -> T:
+    def _own_tx(self, fn: Callable[[pymysql.Connection], T],
+                session: tuple[str, str] | None = None) -> T:
+        """``fn`` in a transaction of ours on a pooled connection, run again if InnoDB chose
+        it as a deadlock victim. ``session``: a setting for this transaction only, as
+        (statement that sets it, statement that puts it back); both ride with statements
+        the transaction sends anyway (its first one, its COMMIT), so it costs no round trip."""
+        setting = [session[0]] if session is not None else []
         with self._connection() as c:
+            if session is not None:
+                self._restore[id(c)] = session[1]
             def once() -> T:
-                self._begin.add(id(c))  # BEGIN goes with the first statement (_run)
+                self._begin[id(c)] = [*setting, "BEGIN"]  # goes with the first statement (_run)
                 try:
                     result = fn(c)
                 except BaseException:
-                    self._begin.discard(id(c))
+                    self._begin.pop(id(c), None)
                     if c.open:
                         c.rollback()
                     raise
-                if id(c) in self._begin:  # nothing ran: nothing to commit
-                    self._begin.discard(id(c))
-                else:
+                if self._begin.pop(id(c), None) is not None:
+                    return result  # nothing ran: nothing to commit
+                restore = self._restore.pop(id(c), None)
+                if restore is None or not c.client_flag & CLIENT.MULTI_STATEMENTS:
                     c.commit()
+                    if restore is not None:
+                        self._restore[id(c)] = restore  # put back on return to the pool
+                    return result
+                with c.cursor() as cur:  # one round trip for both
+                    cur.execute(f"COMMIT;\n{restore}")  # raises if the COMMIT failed
+                    try:
+                        cur.nextset()
+                    except pymysql.err.MySQLError:
+                        # Committed, but the setting may have stayed: this connection
+                        # must not serve again (the pool drops a closed one).
+                        with contextlib.suppress(Exception):
+                            c.close()
                 return result
 
             return self._retry_deadlock(once)
@@ -569,6 +599,9 @@ class MySQLDialect(Dialect):
                 return fn(c)
 
         try:
+            if conn is None:  # ours: set with the BEGIN, put back with the COMMIT
+                return self._own_tx(fn, (f"SET SESSION innodb_lock_wait_timeout = {seconds}",
+                                         "SET SESSION innodb_lock_wait_timeout = DEFAULT"))
             return self.tx(conn, bounded)
         except pymysql.err.OperationalError as exc:
             if _code(exc) == LOCK_WAIT:
