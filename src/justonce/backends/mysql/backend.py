@@ -510,14 +510,16 @@ class MySQLDialect(Dialect):
                     raise
                 if self._begin.pop(id(c), None) is not None:
                     return result  # nothing ran: nothing to commit
-                restore = self._restore.pop(id(c), None)
+                # The setting is forgotten only once the COMMIT that puts it back has
+                # gone through: a COMMIT that fails (a deadlock at commit on a cluster,
+                # retried by _retry_deadlock) leaves it to be put back later.
+                restore = self._restore.get(id(c))
                 if restore is None or not c.client_flag & CLIENT.MULTI_STATEMENTS:
-                    c.commit()
-                    if restore is not None:
-                        self._restore[id(c)] = restore  # put back on return to the pool
+                    c.commit()  # (a setting is put back on return to the pool)
                     return result
                 with c.cursor() as cur:  # one round trip for both
                     cur.execute(f"COMMIT;\n{restore}")  # raises if the COMMIT failed
+                    self._restore.pop(id(c), None)
                     try:
                         cur.nextset()
                     except pymysql.err.MySQLError:
