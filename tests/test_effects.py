@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import proc_app
+from conftest import mysql_database, mysql_or_skip
 from fleet import proc_app_on, wait_for
 from justonce import (
     AT_LEAST_ONCE,
@@ -248,6 +249,37 @@ def test_a_claims_lock_timeout_does_not_stay_on_the_librarys_own_connections(
     assert app.effects.get("lt", 9).state == "done"
     assert app.effects.get("lt", 11).state == "done"
     assert _lock_setting(app, db_url) == before
+
+
+def test_mysql_puts_back_the_sessions_own_lock_wait_not_the_servers() -> None:
+    """A session whose lock wait is not the server's (init_connect, a proxy's setting)
+    keeps it across claims: a claim puts back what the session had, not the global
+    default. Made here by connecting while the global value is 17, then putting it back."""
+    with mysql_database(mysql_or_skip()) as url:
+        setup = App(url)
+        setup.migrate()
+        setup.close()
+        admin = proc_app.ledger_connect(url)
+        app = App(url)
+        try:
+            server = admin.execute("SELECT @@GLOBAL.innodb_lock_wait_timeout").fetchone()[0]
+            admin.execute("SET GLOBAL innodb_lock_wait_timeout = 17")
+            try:  # (the app's first connections are made now)
+                app.effects.claim("own", 0).done("made the connection")
+                with app.backend.transaction() as c, c.cursor() as cur:
+                    cur.execute("SELECT @@SESSION.innodb_lock_wait_timeout, CONNECTION_ID()")
+                    session = cur.fetchone()
+            finally:
+                admin.execute(f"SET GLOBAL innodb_lock_wait_timeout = {int(server)}")
+            assert session[0] == 17 != server
+            assert app.effects.run("own", 1, lambda idem: "sent", lock_timeout=2).ran
+            assert app.effects.run_many("own", [2, 3], lambda idem: None, lock_timeout=3).done == 2
+            with app.backend.transaction() as c, c.cursor() as cur:
+                cur.execute("SELECT @@SESSION.innodb_lock_wait_timeout, CONNECTION_ID()")
+                assert cur.fetchone() == session
+        finally:
+            app.close()
+            admin.close()
 
 
 def test_a_claim_on_the_callers_connection_leaves_its_lock_timeout_alone(app: App, db_url: str) -> None:

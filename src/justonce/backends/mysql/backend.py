@@ -313,9 +313,12 @@ class MySQLDialect(Dialect):
     def _set_up(conn: pymysql.Connection) -> None:
         with conn.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            # @justonce_lock_wait: the session's own lock wait (the server's, or what its
+            # init_connect set), put back after each claim that changes it (locked_tx).
             cur.execute("SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,"
                         "NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
-                        "NO_ENGINE_SUBSTITUTION'")
+                        "NO_ENGINE_SUBSTITUTION', "
+                        "@justonce_lock_wait = @@SESSION.innodb_lock_wait_timeout")
             try:
                 # Our own transactions never wait on us for long: a process frozen inside
                 # one (SIGSTOP, a paused VM) would keep its row locks, and other workers'
@@ -603,7 +606,7 @@ class MySQLDialect(Dialect):
         try:
             if conn is None:  # ours: set with the BEGIN, put back with the COMMIT
                 return self._own_tx(fn, (f"SET SESSION innodb_lock_wait_timeout = {seconds}",
-                                         "SET SESSION innodb_lock_wait_timeout = DEFAULT"))
+                                         "SET SESSION innodb_lock_wait_timeout = @justonce_lock_wait"))
             return self.tx(conn, bounded)
         except pymysql.err.OperationalError as exc:
             if _code(exc) == LOCK_WAIT:
