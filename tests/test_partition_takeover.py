@@ -599,6 +599,10 @@ def test_a_worker_frozen_past_its_partition_lease_starts_nothing_that_moved_on_w
     report = verdict.report()
     print(f"\n[{db_url.split(':', 1)[0]}] {report}")
     assert len(s.taken_over()) >= FREEZES
+    # A freeze no standby took over is allowed now and then (its victim held the slot's
+    # row); as many of them as the takeovers wanted would be a standby that seldom takes over.
+    not_taken = len(s.freezes) - len(s.taken_over()) - len(s.called_off())
+    assert not_taken < FREEZES, f"{not_taken} freezes were not taken over:\n{report}"
     for f in s.taken_over():
         assert f.successor is not None and f.successor.pid != f.pid and \
             f.stopped_at < f.successor.acquired_at < f.continued_at, (
