@@ -7,13 +7,14 @@ drain N keyed jobs (K keys, one job per key at a time, in enqueue order).
 
 Each ``--variant NAME=SRC`` is a source tree of justonce (``src`` of a checkout); the rounds
 alternate the variants (before, after, before, after, …) so both meet the same machine
-state. Per run: a fresh schema (Postgres) or file (SQLite), W workers started and ready,
-then N jobs enqueued in one bulk call, timed from the enqueue's return to the last
-success. Prints one line per run and the medians; ``--json-out`` appends JSON lines.
+state. Per run: a fresh schema (Postgres), database (MariaDB/MySQL) or file (SQLite), W
+workers started and ready, then N jobs enqueued in one bulk call, timed from the enqueue's
+return to the last success. Prints one line per run and the medians; ``--json-out`` appends JSON lines.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -56,6 +57,18 @@ def count_succeeded(url: str) -> int:
         conn = sqlite3.connect(url[len("sqlite:///"):].split("?", 1)[0], timeout=30)
         try:
             return conn.execute("SELECT count(*) FROM justonce_jobs WHERE state = 'succeeded'").fetchone()[0]
+        finally:
+            conn.close()
+    if url.startswith(("mysql", "mariadb")):
+        import pymysql
+
+        from justonce.backends.mysql.backend import parse_mysql_url
+        kwargs, _ = parse_mysql_url(url)
+        conn = pymysql.connect(**kwargs, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM justonce_jobs WHERE state = 'succeeded'")
+                return int(cur.fetchone()[0])
         finally:
             conn.close()
     import psycopg
@@ -109,10 +122,16 @@ def one_run(name: str, src: str, url: str, args: argparse.Namespace, folder: Pat
             "jobs_per_s": round(args.jobs / took, 1), "enqueue_s": round(enq["enqueue_s"], 3)}
 
 
+def drop_schema(server: str, schema: str) -> None:
+    import psycopg
+    with psycopg.connect(server.partition("?")[0], autocommit=True) as c:
+        c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/test",
-                    help="a Postgres server URL, or 'sqlite' for a temp file per run")
+                    help="a Postgres or MariaDB/MySQL server URL, or 'sqlite' for a temp file per run")
     ap.add_argument("--jobs", type=int, default=20000)
     ap.add_argument("--keys", type=int, default=400)
     ap.add_argument("--workers", type=int, default=4)
@@ -131,23 +150,23 @@ def main() -> int:
         (folder / "bench_pt_app.py").write_text(APP)
         for r in range(args.rounds):
             for name, src in variants:
-                if args.database_url == "sqlite":
-                    url = f"sqlite:///{folder / f'{name}-{r}.db'}"
-                else:
-                    sep = "&" if "?" in args.database_url else "?"
-                    url = f"{args.database_url}{sep}schema=bench_{uuid.uuid4().hex[:10]}"
-                res = one_run(name, src, url, args, folder)
+                with contextlib.ExitStack() as stack:
+                    if args.database_url == "sqlite":
+                        url = f"sqlite:///{folder / f'{name}-{r}.db'}"
+                    elif args.database_url.startswith(("mysql", "mariadb")):
+                        from justonce.testing.databases import fresh_mysql
+                        url = stack.enter_context(fresh_mysql(args.database_url, prefix="bench"))
+                    else:
+                        sep = "&" if "?" in args.database_url else "?"
+                        url = f"{args.database_url}{sep}schema=bench_{uuid.uuid4().hex[:10]}"
+                        stack.callback(drop_schema, args.database_url, url.rsplit("schema=", 1)[1])
+                    res = one_run(name, src, url, args, folder)
                 res["round"] = r
                 results[name].append(res["jobs_per_s"])
                 print(json.dumps(res), flush=True)
                 if args.json_out:
                     with open(args.json_out, "a") as f:
                         f.write(json.dumps(res) + "\n")
-                if url.startswith("postgres"):
-                    import psycopg
-                    schema = url.rsplit("schema=", 1)[1]
-                    with psycopg.connect(args.database_url.partition("?")[0], autocommit=True) as c:
-                        c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     for name, vals in results.items():
         print(f"{name}: median {statistics.median(vals):,.0f} jobs/s over {len(vals)} runs: "
               + ", ".join(f"{v:,.0f}" for v in vals))

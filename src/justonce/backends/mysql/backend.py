@@ -277,10 +277,8 @@ class MySQLDialect(Dialect):
         statements to send first (BEGIN, after any session setting the transaction needs)."""
         self._restore: dict[int, str] = {}
         """ids of pooled connections with a session setting changed for one transaction of
-        ours: the statement that puts it back (sent with the COMMIT, else on return to the
-        pool)."""
-        self._guarded: set[int] = set()
-        """ids of pooled connections whose idle_transaction_timeout is set."""
+        ours (a claim's lock wait, a guarded write's idle limit): the statement that puts
+        it back (sent with the COMMIT, else on return to the pool)."""
         self.mariadb = True
         self.consecutive_ids = True
         """Multi-row inserts draw consecutive ids (innodb_autoinc_lock_mode 0 or 1)."""
@@ -375,17 +373,12 @@ class MySQLDialect(Dialect):
                 try:
                     if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
                         conn.rollback()
-                    if id(conn) in self._guarded:
-                        with conn.cursor() as cur:
-                            cur.execute("SET SESSION idle_transaction_timeout = %s",
-                                        (IDLE_IN_TRANSACTION,))
                     restore = self._restore.pop(id(conn), None)
                     if restore is not None:
                         with conn.cursor() as cur:
                             cur.execute(restore)
                 except pymysql.err.MySQLError:
                     broken = True
-            self._guarded.discard(id(conn))
             self._restore.pop(id(conn), None)
             pool.put(conn, broken)
 
@@ -463,14 +456,27 @@ class MySQLDialect(Dialect):
                 return self._retry_deadlock(lambda: self._run(c, name, params))
         return self.tx(None, lambda c: self._run(c, name, params))
 
+    def write_guarded(self, name: str, params: dict[str, Any], idle_limit: float) -> list[Any]:
+        if not self.mariadb:  # MySQL 8 has no such setting: the README names the limit
+            return self.tx(None, lambda c: self._run(c, name, params))
+        # MariaDB's idle_transaction_timeout (whole seconds), set with this transaction's
+        # BEGIN and put back with its COMMIT: no round trip of its own.
+        return self._own_tx(lambda c: self._run(c, name, params), self._idle_guard(idle_limit))
+
     def guard_idle(self, c: pymysql.Connection, idle_limit: float) -> None:
         if not self.mariadb:
             return  # MySQL 8 has no such setting: the README names the limit
-        # MariaDB's idle_transaction_timeout (whole seconds), set for this transaction and
-        # put back to IDLE_IN_TRANSACTION when the connection goes back to the pool.
+        # Set now, put back when the connection goes back to the pool.
+        guard, self._restore[id(c)] = self._idle_guard(idle_limit)
         with c.cursor() as cur:
-            cur.execute("SET SESSION idle_transaction_timeout = %s", (max(1, math.ceil(idle_limit)),))
-        self._guarded.add(id(c))
+            cur.execute(guard)
+
+    @staticmethod
+    def _idle_guard(idle_limit: float) -> tuple[str, str]:
+        """MariaDB's idle_transaction_timeout (whole seconds) for one transaction: the
+        statement that sets it and the one that puts back IDLE_IN_TRANSACTION."""
+        return (f"SET SESSION idle_transaction_timeout = {max(1, math.ceil(idle_limit))}",
+                f"SET SESSION idle_transaction_timeout = {IDLE_IN_TRANSACTION}")
 
     def write_count(self, name: str, params: dict[str, Any]) -> int:
         if len(STATEMENTS[name]) > 1:  # lock, then write: the rows its SELECT picked
@@ -599,7 +605,7 @@ class MySQLDialect(Dialect):
         # rounded up (at least 1 s).
         seconds = max(1, math.ceil(lock_timeout))
 
-        def bounded(c: pymysql.Connection) -> T:
+        def bounded(c: pymysql.Connection) -> T:  # (a caller's connection keeps its own)
             with _lock_wait(c, seconds):
                 return fn(c)
 
