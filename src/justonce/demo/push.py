@@ -279,6 +279,11 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                 # list of 190,000, whose count takes 0.2-0.3 s there.) The bar moves less
                 # often on a big list; the end is seen from the jobs table below.
                 pause = min(30.0, max(0.25, 40 * (time.perf_counter() - t)))
+                if run.rest_enqueued is None:
+                    # Until the rest phase starts, every loop (a count of at most a few
+                    # thousand entries): the A/B phase takes well under a second on a
+                    # fast machine, and the rest phase must start in the middle of it.
+                    pause = 0.0
                 bar.update(task, completed=done)
             if run.rest_enqueued is None and done >= min(AB_SIZE // 2, len(run.ab) // 4):
                 _start_rest(run, queue, opts, done, bar.console)
