@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -122,12 +121,6 @@ def one_run(name: str, src: str, url: str, args: argparse.Namespace, folder: Pat
             "jobs_per_s": round(args.jobs / took, 1), "enqueue_s": round(enq["enqueue_s"], 3)}
 
 
-def drop_schema(server: str, schema: str) -> None:
-    import psycopg
-    with psycopg.connect(server.partition("?")[0], autocommit=True) as c:
-        c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/test",
@@ -157,9 +150,8 @@ def main() -> int:
                         from justonce.testing.databases import fresh_mysql
                         url = stack.enter_context(fresh_mysql(args.database_url, prefix="bench"))
                     else:
-                        sep = "&" if "?" in args.database_url else "?"
-                        url = f"{args.database_url}{sep}schema=bench_{uuid.uuid4().hex[:10]}"
-                        stack.callback(drop_schema, args.database_url, url.rsplit("schema=", 1)[1])
+                        from justonce.testing.databases import fresh_postgres
+                        url = stack.enter_context(fresh_postgres(args.database_url, prefix="bench"))
                     res = one_run(name, src, url, args, folder)
                 res["round"] = r
                 results[name].append(res["jobs_per_s"])

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +173,25 @@ def _start_workers(url: str, queue: str, pset: str, address: str, opts: Options)
     return [subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL) for _ in range(count)]
 
 
+def _await_calm(sample: Callable[[], dict[int, int]], quiet_cores: float, limit: float) -> bool:
+    """Wait until the CPU ticks counted by ``sample`` (a counter per process, or one for
+    the machine) grow by at most ``quiet_cores`` cores over two half seconds in a row, at
+    most ``limit`` s; False if they did not. A counter that went (a process that ended)
+    is not counted."""
+    window = 0.5
+    quiet = quiet_cores * window * os.sysconf("SC_CLK_TCK")
+    end, calm, before = time.monotonic() + limit, 0, sample()
+    while time.monotonic() < end:
+        time.sleep(window)
+        now = sample()
+        used = sum(t - before[k] for k, t in now.items() if k in before)
+        calm = calm + 1 if used <= quiet else 0
+        if calm == 2:
+            return True
+        before = now
+    return False
+
+
 def _await_quiet_machine(limit: float = 10.0) -> bool:
     """Wait until this machine's CPUs fall quiet, at most ``limit`` s: the ceiling is the
     mail server's with the plain senders and nothing else. Right after the set-up a
@@ -182,31 +202,18 @@ def _await_quiet_machine(limit: float = 10.0) -> bool:
     container counts the host's cores: the 5 % each keeps a busy host from always
     waiting the limit). False if the machine was not quiet by then; True at once where
     ``/proc/stat`` cannot say (not Linux)."""
-    def busy() -> int | None:
+    def busy() -> dict[int, int]:
         try:
             with open("/proc/stat") as f:
                 ticks = [int(x) for x in f.readline().split()[1:9]]
         except (OSError, ValueError):
-            return None
+            return {}
         # user nice system idle iowait irq softirq steal: all but idle and iowait
-        return sum(ticks) - ticks[3] - ticks[4] if len(ticks) == 8 else None
+        return {0: sum(ticks) - ticks[3] - ticks[4]} if len(ticks) == 8 else {}
 
-    before = busy()
-    if before is None:
+    if not busy():
         return True
-    window = 0.5
-    quiet = max(0.25, 0.05 * (os.cpu_count() or 1)) * window * os.sysconf("SC_CLK_TCK")
-    end, calm = time.monotonic() + limit, 0
-    while time.monotonic() < end:
-        time.sleep(window)
-        now = busy()
-        if now is None:
-            return True
-        calm = calm + 1 if now - before <= quiet else 0
-        if calm == 2:
-            return True
-        before = now
-    return False
+    return _await_calm(busy, max(0.25, 0.05 * (os.cpu_count() or 1)), limit)
 
 
 def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> bool:
@@ -231,18 +238,7 @@ def _await_started(procs: list[subprocess.Popen[Any]], limit: float = 30.0) -> b
     if not os.path.exists(f"/proc/{os.getpid()}/stat"):
         time.sleep(2.0)
         return True
-    window = 0.5
-    quiet = max(0.25, 0.05 * len(procs)) * window * os.sysconf("SC_CLK_TCK")
-    end, calm, before = time.monotonic() + limit, 0, ticks()
-    while time.monotonic() < end:
-        time.sleep(window)
-        now = ticks()
-        used = sum(t - before[pid] for pid, t in now.items() if pid in before)  # (one that went: not counted)
-        calm = calm + 1 if used <= quiet else 0
-        if calm == 2:
-            return True
-        before = now
-    return False
+    return _await_calm(ticks, max(0.25, 0.05 * len(procs)), limit)
 
 
 def _enqueue_phase(run: Run, queue: str, opts: Options, phase: str, users: list[int] | None = None) -> None:

@@ -369,17 +369,16 @@ class MySQLDialect(Dialect):
             broken = True  # interrupted mid-conversation: the protocol state is unknown
             raise
         finally:
+            restore = self._restore.pop(id(conn), None)
             if not broken and conn.open:
                 try:
                     if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
                         conn.rollback()
-                    restore = self._restore.pop(id(conn), None)
                     if restore is not None:
                         with conn.cursor() as cur:
                             cur.execute(restore)
                 except pymysql.err.MySQLError:
                     broken = True
-            self._restore.pop(id(conn), None)
             pool.put(conn, broken)
 
     # -- the block runner ---------------------------------------------------------------------------
