@@ -94,6 +94,54 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     cluster = _pg.get("cluster")
     if isinstance(cluster, Cluster):
         cluster.destroy()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its skip reasons go to the controller
+        workeroutput["justonce_skips"] = {"pg": _pg.get("reason"), "my": _my.get("reason")}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """(xdist's controller) keep a worker's reasons for skipping a database, so that the
+    summary below says it as loudly as a run without workers does."""
+    skips = getattr(node, "workeroutput", {}).get("justonce_skips") or {}
+    for kept, reason in ((_pg, skips.get("pg")), (_my, skips.get("my"))):
+        if reason and not kept.get("reason"):
+            kept["reason"] = reason
+
+
+# -- running on several pytest-xdist workers (the README's test command) -----------------
+#
+# Tests marked ``slow`` start worker processes whose correctness hangs on leases, heartbeats,
+# kill -9 and SIGSTOP timings measured in seconds: they all go to one xdist worker, one at a
+# time, as they were written to run, while the other worker runs the in-process tests beside
+# them (``--dist loadgroup``). A test marked ``alone`` changes something the whole server
+# shares (a MySQL global): it takes an exclusive lock that every other test holds shared,
+# so it runs with nothing else running.
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[None]:
+    if not hasattr(request.config, "workerinput"):  # one process runs every test
+        yield
+        return
+    import fcntl
+
+    mode = fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH
+    # (the workers' temp folders share the run's own, which pytest cleans up)
+    with open(tmp_path_factory.getbasetemp().parent / "alone.lock", "a") as lock:
+        fcntl.flock(lock, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]

@@ -251,6 +251,7 @@ def test_a_claims_lock_timeout_does_not_stay_on_the_librarys_own_connections(
     assert _lock_setting(app, db_url) == before
 
 
+@pytest.mark.alone
 def test_mysql_puts_back_the_sessions_own_lock_wait_not_the_servers() -> None:
     """A session whose lock wait is not the server's (init_connect, a proxy's setting)
     keeps it across claims, whether they commit or time out: a claim puts back what the
