@@ -147,3 +147,28 @@ def test_a_ceiling_process_that_reads_its_start_time_late_fails_the_try() -> Non
             _measure(address, 2, 2, 0.5, lead=-1.0)
     finally:
         controller.stop()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
+def test_the_wait_for_started_workers_ends_when_they_fall_quiet_and_not_while_one_spins() -> None:
+    """The Push's clock starts once its workers have fallen quiet: real processes, one idle
+    and two spinning a core each. Beside the spinners the wait gives up at its limit (False);
+    with the idle one alone it ends after two quiet half seconds (True); a process that
+    has ended is not counted."""
+    import time
+
+    from justonce.demo.push import _await_started
+
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        gone.wait(10)
+        started = time.monotonic()
+        assert _await_started([idle, *spin], limit=2.0) is False
+        assert time.monotonic() - started >= 2.0  # (it waited its limit)
+        assert _await_started([idle, gone], limit=10.0) is True
+    finally:
+        for p in (idle, *spin):
+            p.kill()
+            p.wait(10)
