@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -155,8 +156,6 @@ def test_the_wait_for_started_workers_ends_when_they_fall_quiet_and_not_while_on
     and two spinning a core each. Beside the spinners the wait gives up at its limit (False);
     with the idle one alone it ends after two quiet half seconds (True); a process that
     has ended is not counted."""
-    import time
-
     from justonce.demo.push import _await_started
 
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -278,12 +278,11 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                 # often on a big list; the end is seen from the jobs table below. (Until
                 # --kill-one has killed against a server other than the demo's own, the
                 # count is what says when: it runs every loop then.)
-                pause = min(30.0, max(0.25, 40 * (time.perf_counter() - t)))
-                if run.rest_enqueued is None:
-                    # Until the rest phase starts, every loop (a count of at most a few
-                    # thousand entries): the A/B phase takes well under a second on a
-                    # fast machine, and the rest phase must start in the middle of it.
-                    pause = 0.0
+                # Until the rest phase starts, every loop (a count of at most a few
+                # thousand entries): the A/B phase takes well under a second on a fast
+                # machine, and the rest phase must start in the middle of it.
+                pause = (0.0 if run.rest_enqueued is None
+                         else min(30.0, max(0.25, 40 * (time.perf_counter() - t))))
                 bar.update(task, completed=done)
             if run.rest_enqueued is None and done >= min(AB_SIZE // 2, len(run.ab) // 4):
                 _start_rest(run, queue, opts, done, bar.console)
