@@ -171,3 +171,61 @@ def test_the_wait_for_started_workers_ends_when_they_fall_quiet_and_not_while_on
         for p in (idle, *spin):
             p.kill()
             p.wait(10)
+
+
+HOLDER = """
+import sys, time
+from justonce import App
+app = App(sys.argv[1])
+def fn(key):
+    if sys.argv[3] == "hold":
+        print("ready", flush=True)
+        time.sleep(120)  # (mid-chunk: its keys claimed, none marked done)
+print(app.effects.run_many(sys.argv[2], sys.argv[4:], fn, lease=60), file=sys.stderr)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
+def test_kill_one_kills_a_worker_in_the_middle_of_its_chunk_and_lets_the_others_go_on(
+        db_url: str, tmp_path: Path) -> None:
+    """``--kill-one``'s choice, with real processes: of two, the one that holds live claims
+    of the Push's scope (its chunk half done) is frozen, checked and killed; the one whose
+    entries are all marked done is let go on, not left stopped. With no live claim of the
+    scope anywhere nobody is killed (the demo looks again later)."""
+    from justonce.demo.push import _kill_a_sender, _owner_pid
+    from justonce.demo.push_app import app
+
+    def state(p: subprocess.Popen[str]) -> str:
+        with open(f"/proc/{p.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    scope, was = "push:kill-one", app.database_url
+    app.use_database(db_url)
+    app.migrate()
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    procs = [subprocess.Popen([sys.executable, str(script), db_url, scope, how, *keys], text=True,
+                              stdout=subprocess.PIPE)
+             for how, keys in (("hold", ["1", "2", "3"]), ("finish", ["4", "5"]))]
+    holder, other = procs
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert _kill_a_sender(scope, [other]) is None  # (its entries are done: nothing held)
+        assert state(other) != "T"
+        assert _kill_a_sender(scope, procs) == holder.pid
+        assert holder.wait(10) == -9
+        assert other.poll() is None and state(other) != "T"
+        assert {e.key for e in app.effects.list(scope, "running")} == {"1", "2", "3"}
+        assert {_owner_pid(e.owner) for e in app.effects.list(scope, "running")} == {holder.pid}
+        assert _kill_a_sender(scope, [other]) is None and state(other) != "T"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+        app.use_database(was)
+    assert _owner_pid("host:42:abc123") == 42
+    assert _owner_pid("a:b:42:abc123") == 42  # (a host name with colons)
+    assert _owner_pid(None) is None and _owner_pid("nobody") is None

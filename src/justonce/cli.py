@@ -447,7 +447,7 @@ def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | Non
               help="Sender threads per worker, one SMTP connection each.")
 @click.option("--per-user-jobs", is_flag=True,
               help="One job per user (a claim, a done mark and a look-up per email), to compare.")
-@click.option("--kill-one", is_flag=True, help="kill -9 a sending worker midway.")
+@click.option("--kill-one", is_flag=True, help="kill -9 a worker midway, in the middle of its chunks.")
 @click.option("--redo", is_flag=True,
               help="After the run, resolve the entries in doubt by the demo server's log (done if it "
                    "has the message, redo if not) and send the redo ones once.")

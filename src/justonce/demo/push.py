@@ -18,6 +18,7 @@ same number of plain senders.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -294,7 +295,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                 else:
                     sent, pause = done, 0.05  # (only the ledger's count can say: look often)
                 if sent >= len(run.members) * KILL_AT:
-                    run.killed = _kill_a_sender(queue)
+                    run.killed = _kill_a_sender(run.scope, procs)
                     if run.killed is not None:
                         marked = app.effects.counts(run.scope).get("done", 0)
                         bar.console.print(f"killed worker pid {run.killed} with SIGKILL at {sent:,} emails "
@@ -345,17 +346,46 @@ def _live_jobs(queue: str) -> int:
     return sum(c.count for c in app.queue_counts() if c.queue == queue and c.state.is_live)
 
 
-def _kill_a_sender(queue: str) -> int | None:
-    """SIGKILL a worker process that is sending right now (it holds a running job)."""
-    for job in app.list_jobs(state="running", queue=queue, limit=100):
-        if job.lease_owner:
-            pid = int(job.lease_owner.split(":")[1])
-            try:
+def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None:
+    """SIGKILL one of ``procs`` in the middle of its sends: a worker that holds claimed,
+    unmarked ledger entries of the Push (``scope``) right now, by their owner (``host:pid:…``).
+    It is frozen (SIGSTOP) and looked at again before the kill, so that it cannot mark its
+    chunks done between the look and the kill; one that holds none by then is let go on
+    (SIGCONT). None when no worker holds a live claim at this moment (between its chunks,
+    or scanning): the caller looks again. (Killing the holder of a running job instead
+    could hit a worker whose senders were all between chunks: nothing in doubt.)"""
+    ours = {p.pid for p in procs if p.poll() is None}
+
+    def holders() -> Counter[int]:
+        held: Counter[int] = Counter()
+        for entry in app.effects.list(scope, "running", limit=10_000_000):
+            pid = _owner_pid(entry.owner)
+            if entry.state == "running" and pid in ours:  # (a live claim, not in doubt)
+                held[pid] += 1
+        return held
+
+    for pid, _ in holders().most_common():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        killed = False
+        try:
+            if holders()[pid]:
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            return pid
+                killed = True
+                return pid
+        finally:
+            if not killed:  # (nothing held by now, or the look failed: never left stopped)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
     return None
+
+
+def _owner_pid(owner: str | None) -> int | None:
+    """The process id of a ``host:pid:random`` owner name (None for another shape)."""
+    parts = (owner or "").rsplit(":", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def _reconcile(run: Run, recorder: Recorder, address: str, out: Console, redo: bool) -> None:
