@@ -18,7 +18,6 @@ same number of plain senders.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
@@ -369,16 +368,15 @@ def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None
             os.kill(pid, signal.SIGSTOP)
         except ProcessLookupError:
             continue
-        killed = False
         try:
-            if holders()[pid]:
-                os.kill(pid, signal.SIGKILL)
-                killed = True
-                return pid
-        finally:
-            if not killed:  # (nothing held by now, or the look failed: never left stopped)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+            held = holders()[pid]
+        except BaseException:
+            os.kill(pid, signal.SIGCONT)  # (never left stopped)
+            raise
+        if held:
+            os.kill(pid, signal.SIGKILL)  # (a stopped process cannot have exited meanwhile)
+            return pid
+        os.kill(pid, signal.SIGCONT)
     return None
 
 
