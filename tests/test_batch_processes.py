@@ -35,12 +35,19 @@ def run_callbacks(app: App, batch_id: int) -> None:
         assert w.join(15)
 
 
+SETTLE = 0.3
+"""Seconds between stopping a process and looking at what it holds."""
+
+
 def kill_holding_jobs(app: App, victim: WorkerProc, tries: int = 200) -> list[Job]:
     """``kill -9`` the victim at a moment it holds leased jobs, and return them. Its jobs are
     quick, so it may be between a batch of acks and its next fetch: it is stopped, looked
-    at, and let go again until it is caught holding some."""
+    at, and let go again until it is caught holding some. The look waits a moment after
+    the stop: an ack the victim sent just before it must land first (seen once: a job
+    looked running, then the ack's COMMIT, already on its way, completed it)."""
     for _ in range(tries):
         victim.signal(signal.SIGSTOP)
+        time.sleep(SETTLE)
         held = running_jobs_of(app, victim)
         if held:
             victim.signal(signal.SIGKILL)

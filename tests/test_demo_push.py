@@ -192,8 +192,9 @@ def test_kill_one_kills_a_worker_in_the_middle_of_its_chunk_and_lets_the_others_
         db_url: str, tmp_path: Path) -> None:
     """``--kill-one``'s choice, with real processes: of two, the one that holds live claims
     of the Push's scope (its chunk half done) is frozen, checked and killed; the one whose
-    entries are all marked done is let go on, not left stopped. With no live claim of the
-    scope anywhere nobody is killed (the demo looks again later)."""
+    entries are all marked done is let go on, not left stopped. A process that is not the
+    run's own is never signalled, whatever it holds; with no holder among the run's own
+    nobody is killed (the demo looks again later)."""
     from justonce.demo.push import _kill_a_sender, _owner_pid
     from justonce.demo.push_app import app
 
@@ -213,8 +214,9 @@ def test_kill_one_kills_a_worker_in_the_middle_of_its_chunk_and_lets_the_others_
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        assert _kill_a_sender(scope, [other]) is None  # (its entries are done: nothing held)
-        assert state(other) != "T"
+        # The holder is not among the run's processes here, and the other holds nothing.
+        assert _kill_a_sender(scope, [other]) is None
+        assert state(other) != "T" and holder.poll() is None and state(holder) != "T"
         assert _kill_a_sender(scope, procs) == holder.pid
         assert holder.wait(10) == -9
         assert other.poll() is None and state(other) != "T"

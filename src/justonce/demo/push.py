@@ -348,8 +348,9 @@ def _live_jobs(queue: str) -> int:
 def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None:
     """SIGKILL one of ``procs`` in the middle of its sends: a worker that holds claimed,
     unmarked ledger entries of the Push (``scope``) right now, by their owner (``host:pid:…``).
-    It is frozen (SIGSTOP) and looked at again before the kill, so that it cannot mark its
-    chunks done between the look and the kill; one that holds none by then is let go on
+    It is frozen (SIGSTOP) and looked at again a moment later (what it had sent before it
+    stopped lands first), so that it cannot mark its chunks done between the look and the
+    kill; one that holds none by then is let go on
     (SIGCONT). None when no worker holds a live claim at this moment (between its chunks,
     or scanning): the caller looks again. (Killing the holder of a running job instead
     could hit a worker whose senders were all between chunks: nothing in doubt.)"""
@@ -369,6 +370,7 @@ def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None
         except ProcessLookupError:
             continue
         try:
+            time.sleep(0.3)  # (a done mark it sent just before it stopped lands first)
             held = holders()[pid]
         except BaseException:
             os.kill(pid, signal.SIGCONT)  # (never left stopped)
