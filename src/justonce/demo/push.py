@@ -350,10 +350,10 @@ def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None
     unmarked ledger entries of the Push (``scope``) right now, by their owner (``host:pid:…``).
     It is frozen (SIGSTOP) and looked at again a moment later (what it had sent before it
     stopped lands first), so that it cannot mark its chunks done between the look and the
-    kill; one that holds none by then is let go on
-    (SIGCONT). None when no worker holds a live claim at this moment (between its chunks,
-    or scanning): the caller looks again. (Killing the holder of a running job instead
-    could hit a worker whose senders were all between chunks: nothing in doubt.)"""
+    kill; one that holds none by then is let go on (SIGCONT). None when no worker holds a
+    live claim at this moment (between its chunks, or scanning): the caller looks again.
+    (Killing the holder of a running job instead could hit a worker whose senders were all
+    between chunks: nothing in doubt.)"""
     ours = {p.pid for p in procs if p.poll() is None}
 
     def holders() -> Counter[int]:
