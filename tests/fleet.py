@@ -22,6 +22,7 @@ import pytest
 
 import proc_app
 from justonce import App, Job
+from justonce.owner import owner_pid
 
 HERE = Path(__file__).resolve().parent
 
@@ -195,7 +196,7 @@ def error_kinds(job: Job) -> list[str]:
 
 def running_jobs_of(app: App, proc: WorkerProc) -> list[Job]:
     return [j for j in app.list_jobs(state="running", limit=10000)
-            if j.lease_owner and f":{proc.pid}:" in j.lease_owner]
+            if owner_pid(j.lease_owner) == proc.pid]
 
 
 def sqlite_write_lock_free(url: str, within: float = 0.5) -> bool:

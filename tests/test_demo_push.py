@@ -195,8 +195,9 @@ def test_kill_one_kills_a_worker_in_the_middle_of_its_chunk_and_lets_the_others_
     entries are all marked done is let go on, not left stopped. A process that is not the
     run's own is never signalled, whatever it holds; with no holder among the run's own
     nobody is killed (the demo looks again later)."""
-    from justonce.demo.push import _kill_a_sender, _owner_pid
+    from justonce.demo.push import _kill_a_sender
     from justonce.demo.push_app import app
+    from justonce.owner import owner_pid
 
     def state(p: subprocess.Popen[str]) -> str:
         with open(f"/proc/{p.pid}/stat") as f:
@@ -221,13 +222,13 @@ def test_kill_one_kills_a_worker_in_the_middle_of_its_chunk_and_lets_the_others_
         assert holder.wait(10) == -9
         assert other.poll() is None and state(other) != "T"
         assert {e.key for e in app.effects.list(scope, "running")} == {"1", "2", "3"}
-        assert {_owner_pid(e.owner) for e in app.effects.list(scope, "running")} == {holder.pid}
+        assert {owner_pid(e.owner) for e in app.effects.list(scope, "running")} == {holder.pid}
         assert _kill_a_sender(scope, [other]) is None and state(other) != "T"
     finally:
         for p in procs:
             p.kill()
             p.wait(10)
         app.use_database(was)
-    assert _owner_pid("host:42:abc123") == 42
-    assert _owner_pid("a:b:42:abc123") == 42  # (a host name with colons)
-    assert _owner_pid(None) is None and _owner_pid("nobody") is None
+    assert owner_pid("host:42:abc123") == 42
+    assert owner_pid("a:b:42:abc123") == 42  # (a host name with colons)
+    assert owner_pid(None) is None and owner_pid("nobody") is None

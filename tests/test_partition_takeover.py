@@ -69,6 +69,7 @@ import proc_app
 from conftest import LONG
 from fleet import Fleet, WorkerProc, fleet_on, proc_app_on, sqlite_write_lock_free, wait_for
 from justonce import App, Enqueue, partition_of
+from justonce.owner import owner_pid
 
 pytestmark = pytest.mark.slow
 
@@ -102,9 +103,8 @@ SLOTS_SQL = {
 }
 
 
-def pid_of(owner: str | None) -> int | None:
-    """The pid in a worker's owner string ``host:pid:hex``."""
-    return None if owner is None else int(owner.rsplit(":", 2)[1])
+pid_of = owner_pid
+"""The pid in a worker's owner string ``host:pid:hex``."""
 
 
 # -- the slots' holders ---------------------------------------------------------------------

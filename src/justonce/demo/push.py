@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..owner import owner_pid
 from ..tasks import Enqueue
 from . import connect, stop_workers
 from .mail import SMTP_ENV, Ceiling, Recorder, ThreadSMTP, measure_ceiling, render, start_smtp
@@ -359,7 +360,7 @@ def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None
     def holders() -> Counter[int]:
         held: Counter[int] = Counter()
         for entry in app.effects.list(scope, "running", limit=10_000_000):
-            pid = _owner_pid(entry.owner)
+            pid = owner_pid(entry.owner)
             if entry.state == "running" and pid in ours:  # (a live claim, not in doubt)
                 held[pid] += 1
         return held
@@ -380,12 +381,6 @@ def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None
             return pid
         os.kill(pid, signal.SIGCONT)
     return None
-
-
-def _owner_pid(owner: str | None) -> int | None:
-    """The process id of a ``host:pid:random`` owner name (None for another shape)."""
-    parts = (owner or "").rsplit(":", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def _reconcile(run: Run, recorder: Recorder, address: str, out: Console, redo: bool) -> None:
