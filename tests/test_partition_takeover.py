@@ -177,6 +177,15 @@ class LeaseWatcher:
         return min(later, key=lambda t: t.token) if later else None
 
 
+def process_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T...), or "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def log_time(ts: str) -> float:
     return datetime.fromisoformat(ts).timestamp()
 
@@ -230,6 +239,7 @@ class Freeze:
     successor: Tenure | None = None
     successor_starts: int = 0  # jobs of the slot its new holder started before the wake
     called_off: bool = False  # SQLite: it held the write lock, so it was woken at once
+    note: str = ""  # not taken over: what the slot's row and the processes looked like then
 
 
 class Scenario:
@@ -340,11 +350,28 @@ class Scenario:
         while not taken_over() and time.time() < deadline:
             self.top_up()
             time.sleep(0.05)
+        for f in freezes:
+            if f.successor is None:
+                f.note = self.snapshot(f)
         continued = time.time()
         for f in freezes:
             os.kill(f.pid, signal.SIGCONT)
             f.continued_at = continued
         time.sleep(0.5)  # the woken ones find their slots gone and stand by
+
+    def snapshot(self, f: Freeze) -> str:
+        """Why might no standby have taken ``f``'s slot? Its row, the holders and standbys,
+        each worker's process state (T: stopped), SQLite's write lock: for the report."""
+        now = time.time()
+        token, pid, expires = self.watcher.current.get(f.slot, (None, None, None))
+        left = "?" if expires is None else f"{expires - now:+.1f}s"
+        holders = {p: t.slot for p, t in self.watcher.live_holders().items()}
+        states = {w.pid: process_state(w.pid) for w in self.workers}
+        lock = f"; SQLite write lock free: {sqlite_write_lock_free(self.url, 0.2)}" if self.sqlite else ""
+        return (f"slot {f.slot} row: token {token} (frozen with {f.token}), pid {pid}, expiry {left} "
+                f"from now, watcher polls {self.watcher.polls}, error {self.watcher.error!r}; "
+                f"holders pid->slot {holders}; standbys "
+                f"{[w.pid for w in self.workers if w.pid not in holders]}; states {states}{lock}")
 
     def taken_over(self) -> list[Freeze]:
         return [f for f in self.freezes if f.successor is not None]
@@ -404,7 +431,7 @@ class Verdict:
 
     def __init__(self, s: Scenario, history: History, runs: list[Execution],
                  jobs: dict[int, str], logs: dict[int, list[dict[str, Any]]]) -> None:
-        self.s, self.history, self.runs = s, history, runs
+        self.s, self.history, self.runs, self.logs = s, history, runs, logs
         self.events = Counter(e.get("event") for events in logs.values() for e in events)
         self.succeeded = Counter(e["job_id"] for events in logs.values() for e in events
                                  if e.get("event") == "job.succeeded")
@@ -425,6 +452,18 @@ class Verdict:
         self.bad_wakes = {self.woken_by(e) for e in runs
                           if e.run not in ok_slot or e.run not in ok_lease} - {None}
         self.check_overlaps(ok_slot & ok_lease)
+
+    def warnings_between(self, a: float, b: float) -> list[str]:
+        """The workers' partition events and warnings logged between ``a`` and ``b``."""
+        out = []
+        for pid, events in self.logs.items():
+            for e in events:
+                name, level = str(e.get("event", "")), e.get("level")
+                if (name.startswith("partition.") or level in ("warning", "error")) and \
+                        "ts" in e and a <= log_time(e["ts"]) <= b:
+                    extra = {k: v for k, v in e.items() if k in ("slot", "token", "error")}
+                    out.append((e["ts"], f"{e['ts']} pid {pid} {level} {name}: {e.get('msg', '')} {extra}"))
+        return [line for _, line in sorted(out)]
 
     def t(self, at: float | None) -> str:
         return "never" if at is None else f"+{at - self.t0:.3f}s"
@@ -543,6 +582,11 @@ class Verdict:
             f"{ev['job.rejected']} rejected late writes, {ev['job.lease_lost']} job leases lost, "
             f"{ev['partition.lost']} slots lost",
         ]
+        for f in self.s.freezes:
+            if f.successor is None and not f.called_off:
+                lines.append(f"not taken over: pid {f.pid} stopped at {self.t(f.stopped_at)} "
+                             f"for {f.continued_at - f.stopped_at:.1f}s; {f.note}")
+                lines.extend(f"    {x}" for x in self.warnings_between(f.stopped_at, f.continued_at)[:12])
         for kind, examples in self.failures.items():
             lines.append(f"VIOLATION {kind}: {len(examples)}, e.g.")
             lines.extend(f"    {x}" for x in examples[:4])
@@ -586,7 +630,8 @@ def test_a_worker_frozen_past_its_partition_lease_starts_nothing_that_moved_on_w
             rounds += 1
             assert rounds <= MAX_ROUNDS, (
                 f"only {len(s.taken_over())} takeovers in {rounds - 1} rounds "
-                f"({len(s.called_off())} freezes called off, {len(s.freezes)} in all)")
+                f"({len(s.called_off())} freezes called off, {len(s.freezes)} in all); "
+                + "; ".join(f"pid {f.pid}: {f.note}" for f in s.freezes if f.note)[:3000])
             assert all(w.popen.poll() is None for w in s.workers), "a worker exited"
             s.top_up()
             s.freeze_round()
