@@ -226,9 +226,13 @@ def test_jobs_leased_before_a_sigstop_past_the_lease_are_not_started_after_sigco
     starting its next job and that job's first ledger write, so the lowest of the held
     jobs not in the ledger yet may have started: the test needs one more behind it."""
     zombie = fleet.start(concurrency=1)
-    jobs = app.enqueue_many(Enqueue(proc_app.slow_record, args=(n, 0.015)) for n in range(600))
+    jobs = app.enqueue_many(Enqueue(proc_app.slow_record, args=(n, 0.015)) for n in range(1200))
     wait_for(lambda: len(ledger(db_url, "done")) >= 20, 30, "the worker to get going")
-    for _ in range(200):
+    # Tries until the worker has run most of its jobs, not a count of tries: on a loaded
+    # machine each try takes longer, and the moment wanted comes less often.
+    tries = 0
+    while True:
+        tries += 1
         zombie.signal(signal.SIGSTOP)
         held = running_jobs_of(app, zombie)
         started_before = {n for n, pid, _ in ledger(db_url, "start") if pid == zombie.pid}
@@ -236,9 +240,9 @@ def test_jobs_leased_before_a_sigstop_past_the_lease_are_not_started_after_sigco
                 and not database_blocked(db_url, held[0].id)):
             break  # leased jobs not started yet (as far as the ledger shows)
         zombie.signal(signal.SIGCONT)
+        if len(started_before) > 1000:
+            pytest.fail(f"could not stop the worker while it held unstarted jobs ({tries} tries)")
         time.sleep(0.01)
-    else:
-        pytest.fail("could not stop the worker while it held unstarted jobs")
     stopped_with = {j.id for j in held}
     unstarted = {j.args[0] for j in held} - started_before
     unstarted.discard(min(unstarted))  # maybe started, not yet written (see above)
