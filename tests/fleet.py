@@ -89,8 +89,11 @@ class WorkerProc:
         return f"exit status {self.popen.returncode}; log {self.log}:\n" + "\n".join(keep[-lines:])
 
     def signal(self, sig: int) -> None:
+        """Send ``sig``; for SIGSTOP, return once every thread has stopped (wait_stopped)."""
         if self.popen.poll() is None:
             os.kill(self.pid, sig)
+            if sig == signal.SIGSTOP:
+                wait_stopped(self.pid)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -199,6 +202,32 @@ def running_jobs_of(app: App, proc: WorkerProc) -> list[Job]:
             if owner_pid(j.lease_owner) == proc.pid]
 
 
+def wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat).
+    ``kill(pid, SIGSTOP)`` returns once the signal is sent, not once the process has
+    stopped: a thread still on a CPU (on a VM, one whose virtual CPU the host has not
+    run yet) can go on for a while and take a lock after a look that found it free. Seen:
+    a SQLite write lock found free just after the stop, then held by the stopped process
+    for the whole freeze."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except OSError:
+                    pass  # a thread that has just exited
+        except OSError:
+            return  # the process is gone
+        if all(state in "TtZX" for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not stop within {timeout}s: thread states {states}")
+        time.sleep(0.001)
+
+
 def sqlite_write_lock_free(url: str, within: float = 0.5) -> bool:
     """Can a writer get SQLite's write lock? A process stopped inside a write transaction
     holds it, and then the whole database waits for it: not the freeze under test."""
@@ -243,6 +272,7 @@ def stop_outside_a_write(pid: int, url: str, tries: int = 50,
     run on and stop it again until the lock is free."""
     for _ in range(tries):
         os.kill(pid, signal.SIGSTOP)
+        wait_stopped(pid)
         if url.startswith("sqlite"):
             if sqlite_write_lock_free(url):
                 return
