@@ -532,36 +532,36 @@ def hang_in_effect(url: str, scope: str, key: int, policy: str, lease: float) ->
 TAKEOVER_DDL = {
     "sqlite": "CREATE TABLE IF NOT EXISTS takeover_log (id INTEGER PRIMARY KEY AUTOINCREMENT,"
               " exec TEXT, n INTEGER, key TEXT, pid INTEGER, event TEXT, at REAL, db_at REAL,"
-              " job_id INTEGER, state TEXT, attempts INTEGER, owner TEXT, lease_expires REAL)",
+              " job_id INTEGER, state TEXT, attempts INTEGER, owner TEXT, lease_expires REAL, decided REAL)",
     "postgres": "CREATE TABLE IF NOT EXISTS takeover_log (id bigint GENERATED ALWAYS AS IDENTITY"
                 " PRIMARY KEY, exec text, n int, key text, pid int, event text, at float8,"
                 " db_at float8, job_id bigint, state text, attempts int, owner text,"
-                " lease_expires float8)",
+                " lease_expires float8, decided float8)",
     "mysql": "CREATE TABLE IF NOT EXISTS takeover_log (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
              " exec VARCHAR(100), n INT, `key` VARCHAR(200), pid INT, event VARCHAR(40), at DOUBLE,"
              " db_at DOUBLE, job_id BIGINT, state VARCHAR(20), attempts INT, owner VARCHAR(300),"
-             " lease_expires DOUBLE)",
+             " lease_expires DOUBLE, decided DOUBLE)",
 }
 # The job's own row as its code starts, found by the job's unique key (a task is not told
 # its job id): NULL columns mean the job was no longer live (it had succeeded elsewhere).
 _TAKEOVER_START = {
     "sqlite": "INSERT INTO takeover_log (exec, n, key, pid, event, at, db_at, job_id, state,"
-              " attempts, owner, lease_expires)"
+              " attempts, owner, lease_expires, decided)"
               f" SELECT ?, ?, ?, ?, 'start', ?, {DB_NOW['sqlite']}, j.id, j.state, j.attempts,"
-              " j.lease_owner, j.lease_expires_at"
+              " j.lease_owner, j.lease_expires_at, ?"
               " FROM (SELECT 1) AS one LEFT JOIN justonce_jobs j"
               " ON j.key = ? AND j.state IN ('scheduled','ready','running')",
     "postgres": "INSERT INTO takeover_log (exec, n, key, pid, event, at, db_at, job_id, state,"
-                " attempts, owner, lease_expires)"
+                " attempts, owner, lease_expires, decided)"
                 f" SELECT %s, %s, %s, %s, 'start', %s, {DB_NOW['postgres']}, j.id, j.state,"
-                " j.attempts, j.lease_owner, extract(epoch from j.lease_expires_at)::float8"
+                " j.attempts, j.lease_owner, extract(epoch from j.lease_expires_at)::float8, %s"
                 " FROM (SELECT 1) AS one LEFT JOIN justonce_jobs j"
                 " ON j.key = %s AND j.state IN ('scheduled','ready','running')",
     # the ledger connection runs in UTC, as justonce's: UNIX_TIMESTAMP reads the DATETIME so
     "mysql": "INSERT INTO takeover_log (exec, n, `key`, pid, event, at, db_at, job_id, state,"
-             " attempts, owner, lease_expires)"
+             " attempts, owner, lease_expires, decided)"
              f" SELECT %s, %s, %s, %s, 'start', %s, {DB_NOW['mysql']}, j.id, j.state,"
-             " j.attempts, j.lease_owner, UNIX_TIMESTAMP(j.lease_expires_at)"
+             " j.attempts, j.lease_owner, UNIX_TIMESTAMP(j.lease_expires_at), %s"
              " FROM (SELECT 1) AS one LEFT JOIN justonce_jobs j"
              " ON j.`key` = %s AND j.state IN ('scheduled','ready','running')",
 }
@@ -584,12 +584,13 @@ def create_takeover_log(url: str) -> None:
 
 
 def takeover_rows(url: str) -> list[tuple[Any, ...]]:
-    """(exec, n, key, pid, event, at, db_at, job_id, state, attempts, owner, lease_expires)."""
+    """(exec, n, key, pid, event, at, db_at, job_id, state, attempts, owner, lease_expires,
+    decided)."""
     conn = ledger_connect(url)
     try:
         return [tuple(r) for r in conn.execute(
             _sql(conn, 'SELECT exec, n, "key", pid, event, at, db_at, job_id, state, attempts,'
-                       " owner, lease_expires FROM takeover_log ORDER BY id")).fetchall()]
+                       " owner, lease_expires, decided FROM takeover_log ORDER BY id")).fetchall()]
     finally:
         conn.close()
 
@@ -617,8 +618,10 @@ def takeover_step(n: int, key: str, seconds: float) -> int:
     ``seconds`` and record the end. Times are time.time(): the clock the database uses on
     this machine."""
     began = time.time()
+    job = justonce.current_job()
+    decided = None if job is None else job.started_at  # the worker's start, before our first line
     run = f"{os.getpid()}-{next(_executions)}"
-    _run_on_ledger(_TAKEOVER_START, (run, n, key, os.getpid(), began, takeover_job_key(n)))
+    _run_on_ledger(_TAKEOVER_START, (run, n, key, os.getpid(), began, decided, takeover_job_key(n)))
     time.sleep(seconds)
     _run_on_ledger(_TAKEOVER_END, (run, n, key, os.getpid(), time.time()))
     return os.getpid()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from justonce import App, current_job
@@ -15,8 +16,11 @@ def test_a_task_sees_its_own_job_sync_and_async(app: App, worker_factory: Any) -
 
     @app.task(max_attempts=2)
     def sync_task(n: int) -> None:
+        began = time.time()
         job = current_job()
         assert job is not None
+        # Set by the worker at its last check before calling the task: just before now.
+        assert job.started_at is not None and began - 60 < job.started_at <= began, (job.started_at, began)
         with lock:
             seen[n] = (job.id, job.attempts, job.max_attempts, job.task, job.lease_token)
         if n == 0 and job.attempts == 1:
@@ -24,8 +28,10 @@ def test_a_task_sees_its_own_job_sync_and_async(app: App, worker_factory: Any) -
 
     @app.task
     async def async_task(n: int) -> None:
+        began = time.time()
         job = current_job()
         assert job is not None
+        assert job.started_at is not None and began - 60 < job.started_at <= began, (job.started_at, began)
         await asyncio.sleep(0.05)  # other coroutines run meanwhile: each keeps its own job
         again = current_job()
         with lock:

@@ -9,8 +9,8 @@ mid-claim say), keeps them stopped past their lease until a standby has taken ea
 and run some of its jobs, then SIGCONTs them; a woken worker must find its slot gone and
 stand by, and start nothing it leased before the freeze. Meanwhile:
 
-- every job writes a *start* row before it works (with a look at its own row in
-  justonce_jobs, taken as its code begins: state, attempt, lease owner, lease expiry) and
+- every job writes a *start* row before it works (with the worker's start time, and a
+  look at its own row in justonce_jobs: state, attempt, lease owner, lease expiry) and
   an *end* row after, with ``time.time()`` — the clock the database uses on this machine;
 - a watcher thread reads justonce_partition_leases every 20 ms and keeps each slot's
   holders: token, owner and ``acquired_at`` (the database's time of the acquisition), so
@@ -38,12 +38,12 @@ on SQLite, one that caught a process inside a write transaction is called off at
 would stop the whole database, not one worker); and one whose slot no standby could take
 (a process stopped inside an open transaction may hold the slot's row) ends after a while.
 
-What it cannot tell apart: a worker stopped between deciding to start a job and the job's
-first line looks, to this test, like one that started the job after waking (a
-"started without its slot" and "without its job lease" violation of one job). The
-window is a few calls long, but the slot thread may wait for the GIL in it: seen once in
-34 long-form runs on SQLite (~1,000 freezes). Telling it apart needs the worker's own
-start time in the job's context.
+A start is dated by the worker's own decision to start the job (``current_job().started_at``:
+its last check of the lease and the slot, just before it called the task), not by the
+code's first line: a worker stopped between the two (a window of a few calls, in which
+the slot thread may also wait for the GIL; seen once in 34 long-form runs on SQLite when
+starts were dated by the first line) is a run frozen before its start row, not one that
+started after waking.
 
 ``JUSTONCE_TAKEOVER_FREEZES=N`` sets the number of freezes taken over per backend
 (default 24 with JUSTONCE_LONG_TESTS=1, about 90 s per backend, else 4; done two at a
@@ -439,9 +439,9 @@ class Execution:
     n: int
     key: str
     pid: int
-    start: float
+    start: float  # the worker's decision to start it (current_job().started_at)
     written: float  # the database's time when the start row was written
-    job_id: int | None  # the job's row as its code began (None: the job was no longer live)
+    job_id: int | None  # the job's row when the start row was written (None: no longer live)
     state: str | None
     attempt: int | None
     owner: int | None
@@ -456,10 +456,14 @@ class Execution:
 def executions(url: str) -> list[Execution]:
     out: dict[str, Execution] = {}
     ends: dict[str, float] = {}
-    for run, n, key, pid, event, at, db_at, job_id, state, attempts, owner, expires in \
+    for run, n, key, pid, event, at, db_at, job_id, state, attempts, owner, expires, decided in \
             proc_app.takeover_rows(url):
         if event == "start":
-            out[run] = Execution(run, n, key, pid, at, db_at, job_id, state, attempts,
+            # A run starts when its worker decided to start it (its last check of lease and
+            # slot, just before calling the task), which a stop may part from the code's
+            # first line: then the run stalled before its start row, it did not start late.
+            start = at if decided is None else decided
+            out[run] = Execution(run, n, key, pid, start, db_at, job_id, state, attempts,
                                  pid_of(owner), expires)
         else:
             ends[run] = at

@@ -113,6 +113,12 @@ class ClaimedJob:
     """Seconds the job had been ready (since its ``run_at``) when this claim took it, by
     the database's clock: the wait that the ``justonce_job_queue_wait_seconds`` metric
     shows."""
+    started_at: float | None = None
+    """When the worker started this attempt (``time.time()`` of its process): the moment of
+    its last check, just before calling the task, that the job's lease (and a partitioned
+    job's slot) was still held. Set on the job that :func:`justonce.current_job` returns;
+    None on a claimed job not started yet. A task whose code begins long after it (its
+    process was paused in between) knows that its lease may have run out meanwhile."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import failpoints, validate
@@ -457,7 +457,7 @@ class Worker:
         if not self._still_startable(h):
             return
         try:
-            outcome = self.executor.run(h.job, on_future)
+            outcome = self.executor.run(replace(h.job, started_at=time.time()), on_future)
         finally:
             with self._lock:
                 self._out_of_code(h)
