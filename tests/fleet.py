@@ -91,9 +91,10 @@ class WorkerProc:
     def signal(self, sig: int) -> None:
         """Send ``sig``; for SIGSTOP, return once every thread has stopped (wait_stopped)."""
         if self.popen.poll() is None:
-            os.kill(self.pid, sig)
             if sig == signal.SIGSTOP:
-                wait_stopped(self.pid)
+                stop(self.pid)
+            else:
+                os.kill(self.pid, sig)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -202,6 +203,26 @@ def running_jobs_of(app: App, proc: WorkerProc) -> list[Job]:
             if owner_pid(j.lease_owner) == proc.pid]
 
 
+def _state(stat_path: str) -> str:
+    """The state letter (R, S, D, T...) of a /proc ``stat`` file."""
+    with open(stat_path) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` (T: stopped), or "gone"."""
+    try:
+        return _state(f"/proc/{pid}/stat")
+    except OSError:
+        return "gone"
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it has stopped (wait_stopped)."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_stopped(pid)
+
+
 def wait_stopped(pid: int, timeout: float = 5.0) -> None:
     """Wait until every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat).
     ``kill(pid, SIGSTOP)`` returns once the signal is sent, not once the process has
@@ -215,8 +236,7 @@ def wait_stopped(pid: int, timeout: float = 5.0) -> None:
             states = []
             for tid in os.listdir(f"/proc/{pid}/task"):
                 try:
-                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                    states.append(_state(f"/proc/{pid}/task/{tid}/stat"))
                 except OSError:
                     pass  # a thread that has just exited
         except OSError:
@@ -271,8 +291,7 @@ def stop_outside_a_write(pid: int, url: str, tries: int = 50,
     ``slot``'s row until the server ends its session (a different test). Either way, let it
     run on and stop it again until the lock is free."""
     for _ in range(tries):
-        os.kill(pid, signal.SIGSTOP)
-        wait_stopped(pid)
+        stop(pid)
         if url.startswith("sqlite"):
             if sqlite_write_lock_free(url):
                 return

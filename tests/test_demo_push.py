@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LONG
+from fleet import process_state
 
 pytestmark = pytest.mark.slow
 
@@ -200,8 +201,7 @@ def test_kill_one_kills_a_worker_in_the_middle_of_its_chunk_and_lets_the_others_
     from justonce.owner import owner_pid
 
     def state(p: subprocess.Popen[str]) -> str:
-        with open(f"/proc/{p.pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+        return process_state(p.pid)
 
     scope, was = "push:kill-one", app.database_url
     app.use_database(db_url)

@@ -16,7 +16,7 @@ import pytest
 
 import proc_app
 from conftest import LONG
-from fleet import Procs, sqlite_write_lock_free, wait_for, wait_stopped
+from fleet import Procs, sqlite_write_lock_free, stop, wait_for
 from justonce import App
 
 pytestmark = pytest.mark.slow
@@ -47,8 +47,7 @@ def stop_while_holding(pid: int, log: Path, url: str, tries: int = 400) -> None:
     inside a write (a process stopped there holds the one
     write lock of the file: README, "SQLite and frozen processes")."""
     for _ in range(tries):
-        os.kill(pid, signal.SIGSTOP)
-        wait_stopped(pid)
+        stop(pid)
         if last_line(log).startswith("R ") and (
                 not url.startswith("sqlite") or sqlite_write_lock_free(url, 0.2)):
             return

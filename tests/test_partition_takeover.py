@@ -75,6 +75,7 @@ from fleet import (
     WorkerProc,
     fleet_on,
     proc_app_on,
+    process_state,
     sqlite_write_lock_free,
     wait_for,
     wait_stopped,
@@ -186,15 +187,6 @@ class LeaseWatcher:
         with self._lock:
             later = [t for (s, k), t in self.tenures.items() if s == slot and k > token]
         return min(later, key=lambda t: t.token) if later else None
-
-
-def process_state(pid: int) -> str:
-    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T...), or "gone"."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def sqlite_file_locks(url: str) -> dict[str, list[str]]:
@@ -452,6 +444,12 @@ class Execution:
     def slot(self) -> int:
         return partition_of(self.key, N)
 
+    @property
+    def stalled(self) -> bool:
+        """Its start row was written long after its start: frozen or stalled in between,
+        and the row's look at the job is of that later moment."""
+        return self.written - self.start > STALLED_START
+
 
 def executions(url: str) -> list[Execution]:
     out: dict[str, Execution] = {}
@@ -546,7 +544,7 @@ class Verdict:
         return False
 
     def check_lease(self, e: Execution) -> bool:
-        if e.written - e.start > STALLED_START:
+        if e.stalled:
             # Its look at the lease came seconds after its code began: its process was
             # frozen in between, or the database was (SQLite: another process frozen with
             # the write lock; README, "SQLite and frozen processes"), and leases ran out
@@ -578,7 +576,7 @@ class Verdict:
             # A start row written long after its code began (stalled) looked at the job's
             # row then, not at its start: by then a later attempt may hold the job (even
             # in the same process), and its attempt number says nothing of this run's.
-            if e.written - e.start > STALLED_START:
+            if e.stalled:
                 continue
             if e.run in ok and e.attempt is not None and e.owner == e.pid:
                 by_job[e.n].append(e)
@@ -600,7 +598,7 @@ class Verdict:
                 open_runs = [p for p in open_runs if p.end is None or p.end > e.start]
                 for p in open_runs:
                     frozen = self.frozen_between(p.pid, p.start, p.end or float("inf")) or (
-                        p.written - p.start > STALLED_START)  # stalled before its first write
+                        p.stalled)  # stalled before its first write
                     # The documented hole: code already running when its process (or the
                     # database) stalled overlaps the next run elsewhere. Within one process
                     # the worker never starts a job or key while an earlier run's code runs.
