@@ -100,7 +100,7 @@ SAMPLES: dict[str, Any] = {
     "note": None, "force": False, "secret_hash": "h", "prefix": "p", "token_id": None,
     "actor": "a", "action": "x", "target": None, "detail": "{}", "cursor": None,
     "created_after": None, "created_before": None, "max_id": None, "since": 0.0, "cap": 1,
-    "item_prefix": None, "bits": b"\x00", "pending": 0, "chunk": 0,
+    "item_prefix": None, "bits": b"\x00", "pending": 0, "chunk": 0, "after": None,
     "list_id": 1, "next_position": 0, "total": 0, "position": 0, "lo": 0, "hi": 1,
     "secret": "0123456789abcdef", "request_id": None, "due_in": 1.0, "ranges": "[]",
     "held": "[]", "attempt": 1, "ttr": 1.0, "errors": [None], "rows": "[[\"k\",1,null,null]]",

@@ -336,11 +336,39 @@ def test_a_claim_on_the_callers_connection_leaves_its_lock_timeout_alone(app: Ap
     lambda app: app.effects.run("s", 1, lambda i: None, lock_timeout=0),
     lambda app: app.effects.in_doubt(limit=0),
     lambda app: app.effects.resolve("s", 1, done=True, note=7),
+    lambda app: app.effects.list("s", after=""),
+    lambda app: app.effects.list("s", after=1.5),
+    lambda app: app.effects.list("s", after=["k"]),
+    lambda app: app.effects.list("s", after="k\x00"),
 ])
 def test_bad_effect_input_is_refused_before_anything_is_written(app: App, call: Any) -> None:
     with pytest.raises((InvalidOption, InvalidName)):
         call(app)
     assert app.effects.in_doubt() == [] and proc_app.effect_rows(app.database_url) == []
+
+
+def test_a_scope_read_a_page_at_a_time_gives_every_entry_once_in_key_order(app: App) -> None:
+    keys = [str(k) for k in range(1, 251)] + ["a b", "Z", "é", "k:1", "zz"]
+    app.effects.run_many("paged", keys, lambda k: k, chunk=40)
+    app.effects.run_many("paged", ["p1", "p2", "p3"], lambda k: 1 / 0)  # pending again
+    app.effects.run("other", "1", lambda k: None)  # another scope: never in the pages
+    everything = app.effects.list("paged", limit=10_000)
+    assert len(everything) == len(keys) + 3
+    for state, size in ((None, 7), ("done", 1), ("done", 64), ("pending", 2)):
+        pages, after = [], None
+        while page := app.effects.list("paged", state, limit=size, after=after):
+            assert len(page) <= size
+            pages.append(page)
+            after = page[-1].key
+        read = [e.key for page in pages for e in page]
+        assert read == [e.key for e in everything if state is None or e.state == state]
+        assert len(set(read)) == len(read)
+    assert [e.key for e in app.effects.list("paged", "pending", after="p1")] == ["p2", "p3"]
+    assert app.effects.list("paged", after=everything[-1].key) == []
+    # An int is the key it names, and the order is the database's (the whole list's)
+    after_10 = app.effects.list("paged", limit=10_000, after=10)
+    ordered = [e.key for e in everything]
+    assert [e.key for e in after_10] == ordered[ordered.index("10") + 1:]
 
 
 def test_unknown_effects_are_reported(app: App) -> None:

@@ -347,11 +347,16 @@ class Effects:
         return self.app.backend.effect_resolve_many(scope, ordered, "done" if done else "pending",
                                                     note, force)
 
-    def list(self, scope: str, state: str | None = None, limit: int = 1000) -> builtins.list[EffectInfo]:
-        """The entries of a scope (``state``: pending, running or done), by key."""
+    def list(self, scope: str, state: str | None = None, limit: int = 1000,
+             after: Any = None) -> builtins.list[EffectInfo]:
+        """The entries of a scope (``state``: pending, running or done), by key, at most
+        ``limit``. ``after``: only keys after this one, in the database's order of strings
+        (``"10"`` comes before ``"9"``); pass the last key of a page to read the next, so a
+        scope of any size is read a page at a time, each page costing the same."""
         if state not in (None, "pending", "running", "done"):
             raise InvalidOption(f"state must be pending, running or done, not {validate.shown(state)}")
-        return self.app.backend.effects_list(_scope(scope), state, validate.count(limit, "limit", 10_000_000))
+        return self.app.backend.effects_list(_scope(scope), state, validate.count(limit, "limit", 10_000_000),
+                                             None if after is None else _key(after))
 
     def counts(self, scope: str) -> dict[str, int]:
         """How many entries of a scope are pending, running, in doubt and done."""

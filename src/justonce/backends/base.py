@@ -278,8 +278,10 @@ class Backend(Protocol):
 
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]: ...
 
-    def effects_list(self, scope: str, state: str | None, limit: int) -> list[EffectInfo]:
-        """Entries of a scope (state pending / running / done, or all), by key."""
+    def effects_list(self, scope: str, state: str | None, limit: int,
+                     after: str | None = None) -> list[EffectInfo]:
+        """Entries of a scope (state pending / running / done, or all), by key; with
+        ``after``, only keys greater than it (keyset paging)."""
 
     def effects_count(self, scope: str) -> dict[str, int]: ...
 

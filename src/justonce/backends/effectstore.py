@@ -148,8 +148,9 @@ class EffectOps:
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]:
         return [self._effect(r) for r in self.d.read("effects_in_doubt", {"scope": scope, "limit": limit})]
 
-    def effects_list(self, scope: str, state: str | None, limit: int) -> list[EffectInfo]:
-        params = {"scope": scope, "state": state, "limit": limit}
+    def effects_list(self, scope: str, state: str | None, limit: int,
+                     after: str | None = None) -> list[EffectInfo]:
+        params = {"scope": scope, "state": state, "limit": limit, "after": after}
         return [self._effect(r) for r in self.d.read("effects_list", params)]
 
     def effects_count(self, scope: str) -> dict[str, int]:

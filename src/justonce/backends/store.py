@@ -443,8 +443,9 @@ class Store:
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]:
         return self.effects.effects_in_doubt(scope, limit)
 
-    def effects_list(self, scope: str, state: str | None, limit: int) -> list[EffectInfo]:
-        return self.effects.effects_list(scope, state, limit)
+    def effects_list(self, scope: str, state: str | None, limit: int,
+                     after: str | None = None) -> list[EffectInfo]:
+        return self.effects.effects_list(scope, state, limit, after)
 
     def effects_count(self, scope: str) -> dict[str, int]:
         return self.effects.effects_count(scope)

@@ -752,6 +752,7 @@ SELECT scope, `key`, state, policy, token, owner, attempts, lease_expires_at, la
        (state = 'running' AND lease_expires_at <= NOW(6))
   FROM justonce_effects
  WHERE scope = %(scope)s AND (%(state)s IS NULL OR state = %(state)s)
+   AND (%(after)s IS NULL OR `key` > %(after)s)
  ORDER BY `key`
  LIMIT %(limit)s;
 

@@ -787,6 +787,7 @@ SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last
        result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= now())
   FROM justonce_effects
  WHERE scope = %(scope)s AND (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(after)s::text IS NULL OR key > %(after)s)
  ORDER BY key
  LIMIT %(limit)s
 

@@ -455,6 +455,7 @@ SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last
        result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= NOW())
   FROM justonce_effects
  WHERE scope = :scope AND (:state IS NULL OR state = :state)
+   AND (:after IS NULL OR key > :after)
  ORDER BY key
  LIMIT :limit
 
