@@ -747,12 +747,15 @@ SELECT scope, `key`, state, policy, token, owner, attempts, lease_expires_at, la
  LIMIT %(limit)s;
 
 -- name: effects_list
+-- A page of a scope by key: the keys after %(after)s ('' when it is NULL: every key is
+-- non-empty), a range of the primary key, so a page deep in a big scope costs what the
+-- first one does (an `IS NULL OR key >` form left SQLite filtering the whole scope).
 SELECT scope, `key`, state, policy, token, owner, attempts, lease_expires_at, last_error,
        result, created_at, updated_at, done_at,
        (state = 'running' AND lease_expires_at <= NOW(6))
   FROM justonce_effects
  WHERE scope = %(scope)s AND (%(state)s IS NULL OR state = %(state)s)
-   AND (%(after)s IS NULL OR `key` > %(after)s)
+   AND `key` > COALESCE(%(after)s, '')
  ORDER BY `key`
  LIMIT %(limit)s;
 
