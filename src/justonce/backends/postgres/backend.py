@@ -96,6 +96,19 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
     return value in _TRUE
 
 
+PLANNED_EACH_TIME = frozenset({
+    "effect_claim_new_many", "effect_lock_many", "effect_take_many", "effect_finish_many",
+    "effect_resolve_many"})
+"""Statements never prepared, so planned for the table as it is at each run. They run once
+per chunk of keys (planning is ~0.1 ms against a chunk's tens of milliseconds) on a table
+that grows from nothing in a big run, and a plan cached while it was small stays: with
+autovacuum off (no ANALYZE to invalidate it), a connection that prepared
+effect_finish_many during a Push's first few thousand entries kept a sequential scan of
+the ledger with a 500-element `ctid = ANY(...)` filter on every row; 945,504 users into
+smtp-sink fell from ~6,000 to ~100 emails/s as the ledger grew past 780,000 entries
+(`perf`: 76 % of the server's time in ExecEvalScalarArrayOp and tideq)."""
+
+
 class PostgresDialect(Dialect):
     """psycopg 3 with a psycopg_pool pool; every connection READ COMMITTED."""
 
@@ -350,7 +363,8 @@ class PostgresDialect(Dialect):
     def rows(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[Any]:
         # Every statement run here returns rows (in pipeline mode a cursor cannot tell
         # before it fetches); statements without results go through many().
-        return c.cursor(row_factory=tuple_row).execute(Q[name], params).fetchall()
+        return c.cursor(row_factory=tuple_row).execute(
+            Q[name], params, prepare=False if name in PLANNED_EACH_TIME else None).fetchall()
 
     def dicts(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return c.cursor(row_factory=dict_row).execute(Q[name], params).fetchall()
