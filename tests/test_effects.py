@@ -371,6 +371,36 @@ def test_a_scope_read_a_page_at_a_time_gives_every_entry_once_in_key_order(app: 
     assert [e.key for e in after_10] == ordered[ordered.index("10") + 1:]
 
 
+def test_postgres_plans_the_bulk_ledger_statements_at_each_run_and_keeps_no_plan_of_them(
+        tmp_path: Any) -> None:
+    """A plan psycopg prepared while the ledger was small would stay (nothing ANALYZEs it
+    with autovacuum off): a 10,000,000-user Push on such a plan slowed 60-fold. One pooled
+    connection, so the statements that are prepared are all on it."""
+    import uuid
+
+    from conftest import _drop_schema, postgres_or_skip
+
+    server = postgres_or_skip()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    app = App(f"{server}{'&' if '?' in server else '?'}schema={schema}&pool_size=1")
+    try:
+        app.migrate()
+        app.effects.run_many("prep", ["seed"], lambda k: None)
+        for i in range(12):
+            app.effects.get("prep", "seed")  # prepared after a few runs: the control
+            outcome = app.effects.run_many("prep", [f"{i}-a", f"{i}-b", "seed"], lambda k: k)
+            assert outcome.done == 2 and outcome.skipped["done"] == 1
+        app.effects.resolve_many("prep", ["0-a"], done=True, force=True)
+        with app.backend.pg._connection() as conn:
+            prepared = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements")]
+        assert any("FROM justonce_effects WHERE scope" in s and "LIMIT" not in s for s in prepared)
+        for marker in ("json_array_elements(", "unnest("):
+            assert not [s for s in prepared if marker in s and "justonce_effects" in s], marker
+    finally:
+        app.close()
+        _drop_schema(server, schema)
+
+
 def test_unknown_effects_are_reported(app: App) -> None:
     with pytest.raises(EffectNotFound):
         app.effects.get("nope", 1)
