@@ -97,16 +97,21 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
 
 
 PLANNED_EACH_TIME = frozenset({
+    "job_claim", "job_claim_partitioned", "job_complete_many", "job_complete_and_claim",
     "effect_claim_new_many", "effect_lock_many", "effect_take_many", "effect_finish_many",
     "effect_resolve_many"})
-"""Statements never prepared, so planned for the table as it is at each run. They run once
-per chunk of keys (planning is ~0.1 ms against a chunk's tens of milliseconds) on a table
-that grows from nothing in a big run, and a plan cached while it was small stays: with
-autovacuum off (no ANALYZE to invalidate it), a connection that prepared
-effect_finish_many during a Push's first few thousand entries kept a sequential scan of
-the ledger with a 500-element `ctid = ANY(...)` filter on every row; 945,504 users into
-smtp-sink fell from ~6,000 to ~100 emails/s as the ledger grew past 780,000 entries
-(`perf`: 76 % of the server's time in ExecEvalScalarArrayOp and tideq)."""
+"""Statements never prepared, so planned for the table as it is at each run. Each handles
+many rows at once (a claim of up to the prefetch, a chunk of keys: planning is ~0.1 ms
+against that) on a table that may grow from nothing after a connection first ran it, and
+a plan cached while the table was small stays: with autovacuum off (no ANALYZE to
+invalidate it), psycopg prepares a statement after five runs, and the generic plan of a
+look-up by `id = ANY(...)` or `ctid = ANY(...)` on a near-empty table is a sequential
+scan that tests every row against the whole list. A connection that prepared
+effect_finish_many during a Push's first few thousand entries made 945,504 users into
+smtp-sink fall from ~6,000 to ~100 emails/s as the ledger grew past 780,000 entries
+(`perf`: 76 % of the server's time in ExecEvalScalarArrayOp and tideq); a worker that
+idled on an empty queue, then drained a batch of 100,000 jobs, claimed them at ~3,000
+jobs/s against ~11,300 when the jobs came first (the claim's UPDATE on every sample)."""
 
 
 class PostgresDialect(Dialect):
@@ -270,7 +275,7 @@ class PostgresDialect(Dialect):
         with self._connection(scoped=False) as conn:
             cur = conn.cursor(row_factory=dict_row if dicts else tuple_row)
             if self._local_schema is None:
-                cur.execute(Q[name], params)
+                cur.execute(Q[name], params, prepare=False if name in PLANNED_EACH_TIME else None)
                 return cur.fetchall() if cur.description else []
             # Statements sent before one Sync share an implicit transaction: the schema set
             # by the first holds for the second alone. Leaving the pipeline sends the one
