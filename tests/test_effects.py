@@ -371,18 +371,12 @@ def test_a_scope_read_a_page_at_a_time_gives_every_entry_once_in_key_order(app: 
     assert [e.key for e in after_10] == ordered[ordered.index("10") + 1:]
 
 
-def test_postgres_plans_the_bulk_statements_at_each_run_and_keeps_no_plan_of_them(
-        tmp_path: Any) -> None:
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_postgres_plans_the_bulk_statements_at_each_run_and_keeps_no_plan_of_them(db_url: str) -> None:
     """A plan psycopg prepared while the ledger was small would stay (nothing ANALYZEs it
     with autovacuum off): a 10,000,000-user Push on such a plan slowed 60-fold. One pooled
     connection, so the statements that are prepared are all on it."""
-    import uuid
-
-    from conftest import _drop_schema, postgres_or_skip
-
-    server = postgres_or_skip()
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    app = App(f"{server}{'&' if '?' in server else '?'}schema={schema}&pool_size=1")
+    app = App(f"{db_url}&pool_size=1")  # (db_url has ?schema=)
     try:
         app.migrate()
         app.effects.run_many("prep", ["seed"], lambda k: None)
@@ -403,7 +397,6 @@ def test_postgres_plans_the_bulk_statements_at_each_run_and_keeps_no_plan_of_the
         assert not [s for s in prepared if "UPDATE justonce_jobs" in s]
     finally:
         app.close()
-        _drop_schema(server, schema)
 
 
 def test_unknown_effects_are_reported(app: App) -> None:

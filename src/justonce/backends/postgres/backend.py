@@ -114,6 +114,12 @@ idled on an empty queue, then drained a batch of 100,000 jobs, claimed them at ~
 jobs/s against ~11,300 when the jobs came first (the claim's UPDATE on every sample)."""
 
 
+def _prepare(name: str) -> bool | None:
+    """psycopg's ``prepare`` for statement ``name``: never for PLANNED_EACH_TIME, else its
+    default (prepared after a few runs)."""
+    return False if name in PLANNED_EACH_TIME else None
+
+
 class PostgresDialect(Dialect):
     """psycopg 3 with a psycopg_pool pool; every connection READ COMMITTED."""
 
@@ -275,7 +281,7 @@ class PostgresDialect(Dialect):
         with self._connection(scoped=False) as conn:
             cur = conn.cursor(row_factory=dict_row if dicts else tuple_row)
             if self._local_schema is None:
-                cur.execute(Q[name], params, prepare=False if name in PLANNED_EACH_TIME else None)
+                cur.execute(Q[name], params, prepare=_prepare(name))
                 return cur.fetchall() if cur.description else []
             # Statements sent before one Sync share an implicit transaction: the schema set
             # by the first holds for the second alone. Leaving the pipeline sends the one
@@ -368,8 +374,7 @@ class PostgresDialect(Dialect):
     def rows(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[Any]:
         # Every statement run here returns rows (in pipeline mode a cursor cannot tell
         # before it fetches); statements without results go through many().
-        return c.cursor(row_factory=tuple_row).execute(
-            Q[name], params, prepare=False if name in PLANNED_EACH_TIME else None).fetchall()
+        return c.cursor(row_factory=tuple_row).execute(Q[name], params, prepare=_prepare(name)).fetchall()
 
     def dicts(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return c.cursor(row_factory=dict_row).execute(Q[name], params).fetchall()
