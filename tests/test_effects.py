@@ -371,34 +371,6 @@ def test_a_scope_read_a_page_at_a_time_gives_every_entry_once_in_key_order(app: 
     assert [e.key for e in after_10] == ordered[ordered.index("10") + 1:]
 
 
-@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-def test_postgres_plans_the_bulk_statements_at_each_run_and_keeps_no_plan_of_them(db_url: str) -> None:
-    """A plan psycopg prepared while the ledger was small would stay (nothing ANALYZEs it
-    with autovacuum off): a 10,000,000-user Push on such a plan slowed 60-fold. One pooled
-    connection, so the statements that are prepared are all on it."""
-    app = App(f"{db_url}&pool_size=1")  # (db_url has ?schema=)
-    try:
-        app.migrate()
-        app.effects.run_many("prep", ["seed"], lambda k: None)
-        for i in range(12):
-            app.effects.get("prep", "seed")  # prepared after a few runs: the control
-            outcome = app.effects.run_many("prep", [f"{i}-a", f"{i}-b", "seed"], lambda k: k)
-            assert outcome.done == 2 and outcome.skipped["done"] == 1
-        app.effects.resolve_many("prep", ["0-a"], done=True, force=True)
-        # The job claim too (a worker idling on an empty queue prepared it, then drained a
-        # batch of 100,000 jobs at a quarter of the speed).
-        for _ in range(12):
-            assert app.backend.job_claim("q-empty", 10, "o", 30.0) == []
-        with app.backend.pg._connection() as conn:
-            prepared = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements")]
-        assert any("FROM justonce_effects WHERE scope" in s and "LIMIT" not in s for s in prepared)
-        for marker in ("json_array_elements(", "unnest("):
-            assert not [s for s in prepared if marker in s and "justonce_effects" in s], marker
-        assert not [s for s in prepared if "UPDATE justonce_jobs" in s]
-    finally:
-        app.close()
-
-
 def test_unknown_effects_are_reported(app: App) -> None:
     with pytest.raises(EffectNotFound):
         app.effects.get("nope", 1)

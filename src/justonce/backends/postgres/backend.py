@@ -57,6 +57,12 @@ T = TypeVar("T")
 IDLE_CHECK = 30.0
 """A pooled connection idle longer than this (seconds) is checked with a round trip before
 it is lent (see PostgresDialect._stale)."""
+PLAN_MAX_AGE = 10.0
+"""A pooled connection drops the statements psycopg prepared on it (DEALLOCATE ALL) when
+it is lent this many seconds after it last did: no plan outlives the table sizes it was
+made for by more than about this long (see PLANNED_EACH_TIME), whatever the statement. It
+costs a round trip, and a few runs of each statement planned again, per connection every
+ten seconds."""
 
 
 def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
@@ -97,21 +103,42 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
 
 
 PLANNED_EACH_TIME = frozenset({
+    # Claims and completions: up to the prefetch's jobs at once.
     "job_claim", "job_claim_partitioned", "job_complete_many", "job_complete_and_claim",
+    # A worker's held jobs by (id, token): its lease renewals and its give-backs.
+    "job_heartbeat", "job_release",
+    # The effect ledger's bulk statements: a chunk of keys.
     "effect_claim_new_many", "effect_lock_many", "effect_take_many", "effect_finish_many",
-    "effect_resolve_many"})
-"""Statements never prepared, so planned for the table as it is at each run. Each handles
-many rows at once (a claim of up to the prefetch, a chunk of keys: planning is ~0.1 ms
-against that) on a table that may grow from nothing after a connection first ran it, and
-a plan cached while the table was small stays: with autovacuum off (no ANALYZE to
-invalidate it), psycopg prepares a statement after five runs, and the generic plan of a
-look-up by `id = ANY(...)` or `ctid = ANY(...)` on a near-empty table is a sequential
-scan that tests every row against the whole list. A connection that prepared
+    "effect_resolve_many",
+    # Batch acks: the chunks' bits, the batches they finish and which still wait.
+    "batch_lock", "batch_pending",
+    # The metrics scrape's queue heads; the retry of dead and cancelled jobs by filter.
+    "metrics_snapshot", "jobs_count_retry", "jobs_retry_matching"})
+"""Statements never prepared, so planned for the table as it is at each run: those whose
+generic plan, made while a table holds a few rows, scans it whole where the same plan
+made once it has grown goes by an index (tests/test_pg_plans.py finds them, for every
+statement of this file). psycopg prepares a statement after five runs on a connection,
+the server may then settle on the generic plan, and keeps it until something invalidates
+it: an ANALYZE, which nothing runs with autovacuum off. The lookups by `id = ANY(...)`,
+by a list of (id, token) or of chunk keys are the ones: on a near-empty table a scan that
+tests every row against the list is cheapest. A connection that prepared
 effect_finish_many during a Push's first few thousand entries made 945,504 users into
 smtp-sink fall from ~6,000 to ~100 emails/s as the ledger grew past 780,000 entries
 (`perf`: 76 % of the server's time in ExecEvalScalarArrayOp and tideq); a worker that
 idled on an empty queue, then drained a batch of 100,000 jobs, claimed them at ~3,000
-jobs/s against ~11,300 when the jobs came first (the claim's UPDATE on every sample)."""
+jobs/s against ~11,300 when the jobs came first; a worker of 20 slots that started on an
+empty queue renewed its leases in 113 ms once the table held 1,000,000 jobs, against
+0.5 ms (a sequential scan per heartbeat). Planning costs ~0.05-0.3 ms a run.
+
+The other statements are prepared, and their plans last at most PLAN_MAX_AGE: a plan that
+outlived its table's growth does so for seconds, not for the connection's life."""
+
+PREPARED_ANYWAY = frozenset({"batch_flip"})
+"""Statements with the same trap, prepared all the same: planning batch_flip costs more
+than running it (0.27 of 0.58 ms a call, against 0.31 ms on its prepared plan): planned at
+each run, single acks fell from 3,300 to 1,850 a second (bench/batch_acks.py). Its plan
+made on a near-empty table (a hash of every chunk row: 430 ms an ack once there were
+488,291 chunk rows, against ~1 ms) lasts PLAN_MAX_AGE."""
 
 
 def _prepare(name: str) -> bool | None:
@@ -159,6 +186,11 @@ class PostgresDialect(Dialect):
         self._idle_since: weakref.WeakKeyDictionary[psycopg.Connection, float] = \
             weakref.WeakKeyDictionary()
         """When each pooled connection was last given back (see IDLE_CHECK)."""
+        self._plans_since: weakref.WeakKeyDictionary[psycopg.Connection, float] = \
+            weakref.WeakKeyDictionary()
+        """When each pooled connection was first lent or last dropped its prepared
+        statements (see PLAN_MAX_AGE)."""
+        self.plan_max_age = PLAN_MAX_AGE
         self._own: set[int] = set()
         """ids of our pooled connections lent out by transaction(), in a READ COMMITTED
         transaction of ours."""
@@ -225,12 +257,28 @@ class PostgresDialect(Dialect):
                 swept = True
                 self._broken()
             conn = pool.getconn()
+        self._age_plans(conn)
         try:
             with conn:
                 yield conn
         finally:
             self._idle_since[conn] = time.monotonic()
             pool.putconn(conn)
+
+    def _age_plans(self, conn: psycopg.Connection) -> None:
+        """Drop the statements prepared on ``conn`` once they are PLAN_MAX_AGE old: they
+        are prepared again, and planned for the tables as they are now, after a few runs.
+        (psycopg sees the DEALLOCATE ALL and forgets them too.)"""
+        if self.pgbouncer:  # nothing is prepared
+            return
+        now = time.monotonic()
+        since = self._plans_since.setdefault(conn, now)
+        if now - since >= self.plan_max_age:
+            try:
+                conn.execute("DEALLOCATE ALL")
+            except psycopg.Error:
+                return  # a dead connection: the statement lent it will say so
+            self._plans_since[conn] = now
 
     def _broken(self) -> None:
         """A statement failed on a dead connection (the server restarted, say): check the
@@ -289,7 +337,7 @@ class PostgresDialect(Dialect):
             # round trip).
             with conn.pipeline():
                 conn.execute(Q["search_path_local"], {"schema": self._local_schema})
-                cur.execute(Q[name], params)
+                cur.execute(Q[name], params, prepare=_prepare(name))
             return cur.fetchall() if cur.description else []
 
     # -- schema -----------------------------------------------------------------------
@@ -377,9 +425,11 @@ class PostgresDialect(Dialect):
         return c.cursor(row_factory=tuple_row).execute(Q[name], params, prepare=_prepare(name)).fetchall()
 
     def dicts(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        return c.cursor(row_factory=dict_row).execute(Q[name], params).fetchall()
+        return c.cursor(row_factory=dict_row).execute(Q[name], params, prepare=_prepare(name)).fetchall()
 
     def many(self, c: psycopg.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
+        if name in PLANNED_EACH_TIME:
+            raise AssertionError(f"{name} is planned at each run, and executemany prepares it")
         if seq:
             c.cursor().executemany(Q[name], seq)
 
@@ -406,12 +456,13 @@ class PostgresDialect(Dialect):
 
     def write_count(self, name: str, params: dict[str, Any]) -> int:
         with self._connection() as conn:
-            return conn.execute(Q[name], params).rowcount
+            return conn.execute(Q[name], params, prepare=_prepare(name)).rowcount
 
     def flip(self, c: psycopg.Connection, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
         chunks = [[*key, sorted(positions[key])] for key in sorted(positions)]
         rows = c.cursor(row_factory=tuple_row).execute(
-            Q["batch_flip"], {"chunks": json.dumps(chunks, separators=(",", ":"))}).fetchall()
+            Q["batch_flip"], {"chunks": json.dumps(chunks, separators=(",", ":"))},
+            prepare=_prepare("batch_flip")).fetchall()
         return {(r[0], r[1], r[2]): Flip(r[3], r[4], r[5], r[6], frozenset(r[7])) for r in rows}
 
     def locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:
@@ -502,7 +553,8 @@ class PostgresDialect(Dialect):
     def insert_calls(self, c: psycopg.Connection, params: dict[str, Any], args_doc: str,
                      kwargs_doc: str) -> list[int]:
         cur = c.cursor(row_factory=tuple_row)
-        cur.execute(Q["job_insert_batch"], {**params, "args": args_doc, "kwargs": kwargs_doc})
+        cur.execute(Q["job_insert_batch"], {**params, "args": args_doc, "kwargs": kwargs_doc},
+                    prepare=_prepare("job_insert_batch"))
         # Identity values are drawn in insert order (ORDER BY ord).
         return sorted(r[0] for r in cur.fetchall())
 
@@ -512,7 +564,8 @@ class PostgresDialect(Dialect):
         # with the generic job_insert per job (x10, bench/fast_paths.py, 1,000 per call).
         cur = c.cursor(row_factory=tuple_row)
         rows_json = "[" + ",".join(_row_json(j) for j in jobs) + "]"
-        cur.execute(Q["job_insert_many"], {"rows": rows_json, "channel": self.channel})
+        cur.execute(Q["job_insert_many"], {"rows": rows_json, "channel": self.channel},
+                    prepare=_prepare("job_insert_many"))
         rows = cur.fetchall()
         # Identity values are drawn in insert order (ORDER BY key, ord: unkeyed rows come
         # last, in input order), so the unkeyed rows' ids sorted ascending line up with the

@@ -1,0 +1,258 @@
+"""PostgreSQL keeps the plan of a prepared statement: psycopg prepares a statement after
+five runs on a connection, and once the server settles on the generic plan it keeps it
+until something invalidates it (an ANALYZE, which nothing runs with autovacuum off). A
+generic plan made while a table held a few rows may scan it whole: fine then, ruinous once
+it holds millions (a Push fell 60-fold; a heartbeat would read every job).
+
+The first test takes, for every statement of the backend, the generic plan the server
+makes on near-empty tables and the one it makes once they hold a few thousand rows. A
+statement whose first plan scans a growing table that the second reaches by an index is a
+trap: it must be in PLANNED_EACH_TIME (never prepared, planned for the table as it is), or
+in PREPARED_ANYWAY (its plan lasts PLAN_MAX_AGE, as every plan does). The second runs them
+through the code paths that send them, and finds none of them prepared; the third, that a
+connection's prepared plans are dropped once they are PLAN_MAX_AGE old."""
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from justonce import App
+from justonce.items import CHUNK_BITS
+from justonce.worker import Worker
+
+pytest.importorskip("psycopg")
+import psycopg  # noqa: E402
+
+from justonce.backends.postgres import backend as pg_backend  # noqa: E402
+from justonce.backends.postgres.backend import (  # noqa: E402
+    PLANNED_EACH_TIME,
+    PREPARED_ANYWAY,
+    Q,
+    parse_postgres_url,
+)
+
+QUERIES = Path(pg_backend.__file__).parent / "queries.sql"
+
+# Tables whose rows come with use (jobs, entries, batches, lists, reservations): a scan of
+# one of them grows with the deployment. The others hold a row per slot, token, set or
+# migration.
+GROWING = {"justonce_jobs", "justonce_effects", "justonce_batches", "justonce_batch_chunks",
+           "justonce_batch_failures", "justonce_lists", "justonce_list_items",
+           "justonce_list_reservations", "justonce_audit"}
+
+
+def _fragments() -> set[str]:
+    """Blocks only ever included in others ({{name}}), never run alone."""
+    text = QUERIES.read_text()
+    included = set(re.findall(r"{{(\w+)}}", text))
+    # job_claim and job_complete_many are included and also run alone.
+    return included - {"job_claim", "job_complete_many"}
+
+
+def _positional(text: str) -> tuple[str, int]:
+    """psycopg's %(name)s placeholders as the server's $n: (text, how many)."""
+    order: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in order:
+            order.append(m.group(1))
+        return f"${order.index(m.group(1)) + 1}"
+
+    body = re.sub(r"%\((\w+)\)s", number, text).replace("%%", "%").rstrip().rstrip(";")
+    return body, len(order)
+
+
+def _generic_plans(conninfo: str, schema: str, names: list[str]) -> dict[str, str]:
+    """name -> the generic plan the server makes for it now (EXPLAIN, nothing run)."""
+    plans = {}
+    with psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}") as c:
+        c.execute("SET plan_cache_mode = force_generic_plan")
+        for name in names:
+            body, n = _positional(Q[name])
+            c.execute(f"PREPARE justonce_plan_probe AS {body}")
+            try:
+                args = f"({','.join(['NULL'] * n)})" if n else ""
+                rows = c.execute(f"EXPLAIN EXECUTE justonce_plan_probe{args}").fetchall()
+                plans[name] = "\n".join(r[0] for r in rows)
+            finally:
+                c.execute("DEALLOCATE justonce_plan_probe")
+    return plans
+
+
+def _sizes(conninfo: str, schema: str) -> dict[str, int]:
+    with psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}") as c:
+        return {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in sorted(GROWING)}
+
+
+def _scanned(plan: str) -> set[str]:
+    return set(re.findall(r"Seq Scan on (\w+)", plan)) & GROWING
+
+
+def _use(app: App, conninfo: str, schema: str, tag: str, n: int) -> None:
+    """Every growing table gets about ``n`` more rows, through the API and a worker."""
+    app.enqueue_calls("plans.noop", [(i,) for i in range(n)], queue=f"q{tag}")
+    app.enqueue("plans.noop", (0,), queue=f"q{tag}", key=f"k{tag}")
+    with psycopg.connect(conninfo, options=f"-c search_path={schema}") as conn:
+        # (One transaction of ours for them all: a batch a round trip or three.)
+        for b in range(n // 3):
+            batch = app.batches.open(f"b{tag}{b}", conn=conn)
+            batch.add(5, conn=conn)
+            batch.seal(conn=conn)
+    # Chunk rows by the thousand: a batch_flip's plan turns to the index only past tens
+    # of thousands of them.
+    big = app.batches.open(f"big{tag}")
+    for _ in range(n // 100):
+        big.add(CHUNK_BITS * 1000)
+    big.seal()
+    for b in range(max(2, n // 100)):  # batches with an item that dies: failure rows
+        batch = app.batches.open(f"f{tag}{b}")
+        batch.enqueue_calls("plans.fail", [(0,)], queue=f"q{tag}")
+        batch.seal()
+    app.effects.run_many(f"e{tag}", range(n), lambda key: None)
+    app.lists.create(f"l{tag}", items=range(n))
+    for r in range(max(2, n // 3)):  # completed ones go; a third stay held
+        reservation = app.lists.reserve(f"l{tag}", 1)
+        assert reservation is not None
+        if r % 3:
+            app.lists.complete(reservation)
+    for t in range(max(2, n // 100)):
+        info, _secret = app.tokens.create(f"t{tag}{t}", "read")
+        app.tokens.revoke(info.id)
+        app.audit.record("tokens.revoke", target=str(info.id), token_id=info.id)
+    worker = Worker(app, queues=[f"q{tag}"], concurrency=4, poll=0.05, lease=30.0).start()
+    try:
+        deadline = time.monotonic() + 120
+        while any(c.queue == f"q{tag}" and c.state in ("ready", "running") for c in app.queue_counts()):
+            assert time.monotonic() < deadline, "the worker did not drain the queue"
+            time.sleep(0.1)
+    finally:
+        worker.stop()
+        assert worker.join(15)
+
+
+@pytest.fixture
+def plan_app(db_url: str) -> Iterator[App]:
+    app = App(db_url)
+    app.migrate()
+
+    @app.task(name="plans.noop", max_attempts=1)
+    def noop(i: int) -> None:
+        return None
+
+    @app.task(name="plans.fail", max_attempts=1)
+    def fail(i: int) -> None:
+        raise RuntimeError("a batch item that fails")
+
+    yield app
+    app.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_no_prepared_statement_keeps_a_plan_that_scans_a_grown_table(plan_app: App, db_url: str) -> None:
+    conninfo, schema, _ = parse_postgres_url(db_url)
+    assert schema
+    fragments = _fragments()
+    stale = sorted((PLANNED_EACH_TIME | PREPARED_ANYWAY) - set(Q))
+    assert not stale, f"statements named that do not exist: {stale}"
+    assert not PLANNED_EACH_TIME & PREPARED_ANYWAY
+    names = sorted(n for n in Q if n not in fragments and n not in PLANNED_EACH_TIME
+                   and not Q[n].lstrip().upper().startswith(("BEGIN", "SET ")))
+
+    _use(plan_app, conninfo, schema, "a", 3)
+    small = _generic_plans(conninfo, schema, names)
+    _use(plan_app, conninfo, schema, "b", 3000)
+    grown = _generic_plans(conninfo, schema, names)
+
+    sizes = _sizes(conninfo, schema)
+    traps = {name: sorted(_scanned(small[name]) - _scanned(grown[name])) for name in names}
+    assert all(traps[name] for name in PREPARED_ANYWAY), "a trap no longer: plan it as the rest"
+    traps = {name: tables for name, tables in traps.items() if tables and name not in PREPARED_ANYWAY}
+    assert not traps, (
+        "prepared statements whose generic plan on near-empty tables scans a table that "
+        "they reach by an index once it has grown (put them in PLANNED_EACH_TIME): "
+        + "; ".join(f"{name} scans {tables}" for name, tables in traps.items())
+        + f" (rows then: {sizes})")
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_no_path_prepares_a_statement_planned_at_each_run(db_url: str) -> None:
+    """A plan psycopg prepared while the ledger was small would stay (nothing ANALYZEs it
+    with autovacuum off): a 10,000,000-user Push on such a plan slowed 60-fold. One pooled
+    connection, so the statements that are prepared are all on it."""
+    app = App(f"{db_url}&pool_size=1", strict=False)  # (db_url has ?schema=)
+    try:
+        app.migrate()
+        app.effects.run_many("prep", ["seed"], lambda k: None)
+        for i in range(12):
+            app.effects.get("prep", "seed")  # prepared after a few runs: the control
+            outcome = app.effects.run_many("prep", [f"{i}-a", f"{i}-b", "seed"], lambda k: k)
+            assert outcome.done == 2 and outcome.skipped["done"] == 1
+        app.effects.resolve_many("prep", ["0-a"], done=True, force=True)
+        # The job claim too (a worker idling on an empty queue prepared it, then drained a
+        # batch of 100,000 jobs at a quarter of the speed).
+        for _ in range(12):
+            assert app.backend.job_claim("q-empty", 10, "o", 30.0) == []
+        # A worker's lease renewals, batch acks, the metrics scrape (the test above says
+        # why these: here, that each path really leaves them unprepared).
+        app.enqueue_calls("plans.t", [(i,) for i in range(3)], queue="q-held")
+        held = [(j.id, j.lease_token) for j in app.backend.job_claim("q-held", 3, "o", 30.0)]
+        batch = app.batches.open("acks")
+        items = batch.add(12).item_ids()
+        batch.seal()
+        for item in items:
+            app.backend.job_heartbeat(held, 30.0)
+            app.batches.ack(item)
+            app.metrics_snapshot()
+        app.backend.job_release(held, refund=True)
+        with app.backend.pg._connection() as conn:
+            prepared = {" ".join(r[0].split()) for r in
+                        conn.execute("SELECT statement FROM pg_prepared_statements")}
+        assert any("FROM justonce_effects WHERE scope" in s and "LIMIT" not in s for s in prepared)
+        for marker in ("json_array_elements(", "unnest("):
+            assert not [s for s in prepared if marker in s and "justonce_effects" in s], marker
+        assert not [s for s in prepared if "UPDATE justonce_jobs" in s]
+        # Nothing of PLANNED_EACH_TIME, by its text as psycopg sends it ($n placeholders).
+        sent = {name: " ".join(re.sub(r"%\((\w+)\)s", "$", Q[name]).replace("%%", "%").split())
+                for name in PLANNED_EACH_TIME}
+        kept = {name for name, text in sent.items()
+                if any(re.sub(r"\$\d+", "$", s) == text for s in prepared)}
+        assert not kept
+        assert len(prepared) >= 3  # (the control: others are prepared, and compared)
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_connection_drops_its_prepared_plans_once_they_are_old(db_url: str) -> None:
+    """Every plan psycopg prepared is remade after PLAN_MAX_AGE: batch_flip's, prepared on
+    a near-empty chunk table (PREPARED_ANYWAY), scans no grown table for long."""
+    app = App(f"{db_url}&pool_size=1")
+    try:
+        app.migrate()
+        batch = app.batches.open("aged")
+        items = batch.add(40).item_ids()
+        batch.seal()
+
+        def prepared() -> set[str]:
+            with app.backend.pg._connection() as conn:
+                return {" ".join(r[0].split()) for r in
+                        conn.execute("SELECT statement FROM pg_prepared_statements")}
+
+        flip = "WITH want AS ( SELECT (w->>0)::bigint AS batch_id"
+        for item in items[:12]:
+            app.batches.ack(item)
+        assert any(s.startswith(flip) for s in prepared())
+        app.backend.pg.plan_max_age = 0.2
+        time.sleep(0.3)
+        assert prepared() == set()  # dropped as the connection was lent, before the look
+        app.backend.pg.plan_max_age = 3600.0
+        for item in items[12:30]:  # prepared again, and used: psycopg forgot them too
+            assert app.batches.ack(item).resolved == 1
+        assert any(s.startswith(flip) for s in prepared())
+        assert app.batches.ack(items[30:]).resolved == 10
+    finally:
+        app.close()
