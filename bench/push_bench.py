@@ -107,11 +107,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json-out", default=None, help="also append one JSON line per row here")
     args = ap.parse_args()
+    servers = ["smtp-sink", "own"] if args.servers == "both" else args.servers.split(",")
+    unknown = sorted(set(servers) - {"smtp-sink", "own"})
+    if unknown:
+        ap.error(f"--servers: unknown {unknown} (smtp-sink, own, or both)")
     print(f"{'database':15} {'server':10} {'users':>10} {'list':>8} {'set-up':>7} {'sending':>8} "
           f"{'emails/s':>9} {'ceiling':>8} {'ratio':>6} {'load':>5}")
     for _ in range(args.repeat):
         for backend in args.backends.split(","):
-            for server in args.servers.split(","):
+            for server in servers:
                 with database(backend) as url, (smtp_sink() if server == "smtp-sink"
                                                 else contextlib.nullcontext(None)) as smtp:
                     row = run_push(url, args.users, args.workers, args.senders, smtp, args.per_user_jobs)
