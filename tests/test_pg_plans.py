@@ -114,10 +114,10 @@ def _use(app: App, conninfo: str, schema: str, tag: str, n: int) -> None:
         batch.seal()
     app.effects.run_many(f"e{tag}", range(n), lambda key: None)
     app.lists.create(f"l{tag}", items=range(n))
-    for r in range(max(2, n // 3)):  # completed ones go; a third stay held
-        reservation = app.lists.reserve(f"l{tag}", 1)
+    for r in range(max(2, n // 3)):  # completed ones go; the rest stay held
+        reservation = app.lists.reserve(f"l{tag}", 1, ttr=3600)
         assert reservation is not None
-        if r % 3:
+        if r % 10 == 0:
             app.lists.complete(reservation)
     for t in range(max(2, n // 100)):
         info, _secret = app.tokens.create(f"t{tag}{t}", "read")
