@@ -110,7 +110,7 @@ PLANNED_EACH_TIME = frozenset({
     # The effect ledger's bulk statements: a chunk of keys.
     "effect_claim_new_many", "effect_lock_many", "effect_take_many", "effect_finish_many",
     "effect_resolve_many",
-    # Batch acks: the chunks' bits, the batches they finish and which still wait.
+    # Batch acks: the batches an ack finishes, and which of them still wait.
     "batch_lock", "batch_pending",
     # The metrics scrape's queue heads; the retry of dead and cancelled jobs by filter.
     "metrics_snapshot", "jobs_count_retry", "jobs_retry_matching"})
