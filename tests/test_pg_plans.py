@@ -259,3 +259,31 @@ def test_a_connection_drops_its_prepared_plans_once_they_are_old(db_url: str) ->
         assert app.batches.ack(items[30:]).resolved == 10
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_plans_dropped_while_none_was_prepared_do_not_hide_later_drops(db_url: str) -> None:
+    """A drop on a connection that had prepared nothing yet, then statements prepared, then
+    a second drop: psycopg must forget the second time too (it once did not, and the next
+    run of a prepared statement failed: "prepared statement _pg3_3 does not exist")."""
+    app = App(f"{db_url}&pool_size=1", strict=False)
+    pg = app.backend.pg
+    pg.plan_max_age = 3600.0
+    try:
+        app.migrate()
+        for _ in range(3):
+            app.enqueue("t.noop", queue="aged")
+        pg.plan_max_age = 0.05
+        time.sleep(0.1)
+        assert app.queue_counts()  # lent: dropped with nothing prepared on it yet
+        pg.plan_max_age = 3600.0
+        for _ in range(8):  # prepared now (psycopg prepares a text after five runs)
+            app.queue_counts()
+        with pg._connection() as conn:
+            assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] > 0
+        pg.plan_max_age = 0.05
+        time.sleep(0.1)
+        for _ in range(8):  # dropped again as it is lent; then prepared again, and run
+            assert app.queue_counts()
+    finally:
+        app.close()

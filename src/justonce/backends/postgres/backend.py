@@ -9,6 +9,7 @@ that ``?schema=`` sets, and LISTEN (workers poll instead).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import secrets
@@ -193,6 +194,8 @@ class PostgresDialect(Dialect):
         """When each pooled connection was first lent or last dropped its prepared
         statements (see PLAN_MAX_AGE)."""
         self.plan_max_age = PLAN_MAX_AGE
+        self._plan_drops = itertools.count(1)
+        """Numbers for the drops' texts (see _age_plans)."""
         self._own: set[int] = set()
         """ids of our pooled connections lent out by transaction(), in a READ COMMITTED
         transaction of ours."""
@@ -270,14 +273,21 @@ class PostgresDialect(Dialect):
     def _age_plans(self, conn: psycopg.Connection) -> None:
         """Drop the statements prepared on ``conn`` once they are PLAN_MAX_AGE old: they
         are prepared again, and planned for the tables as they are now, after a few runs.
-        (psycopg sees the DEALLOCATE ALL and forgets them too.)"""
+
+        psycopg forgets its own names for them when it sees a DEALLOCATE ALL's result, but
+        it looks at the result of a statement only the first time it runs that text on a
+        connection (until its count of the text is cleared, which a drop of prepared names
+        does): a DEALLOCATE ALL sent while nothing was prepared yet made every later one
+        on that connection pass unseen, and the next prepared statement failed with
+        "prepared statement _pg3_3 does not exist" (a Push's status poll, 10 s in). So
+        every drop is a text of its own."""
         if self.pgbouncer:  # nothing is prepared
             return
         now = time.monotonic()
         since = self._plans_since.setdefault(conn, now)
         if now - since >= self.plan_max_age:
             try:
-                conn.execute("DEALLOCATE ALL")
+                conn.execute(f"DEALLOCATE ALL /* justonce plan drop {next(self._plan_drops)} */")
             except psycopg.Error:
                 return  # a dead connection: the statement lent it will say so
             self._plans_since[conn] = now
