@@ -147,14 +147,108 @@ def test_at_least_once_redoes_entries_in_doubt_and_a_late_chunk_is_overtaken(app
 
 def test_a_chunk_partly_overtaken_marks_the_rest_done_and_only_the_rest(app: App) -> None:
     """Keys 1 and 3 are still the late chunk's when it finishes; key 2 was redone by another
-    caller meanwhile. The late chunk's results land on 1 and 3 only (MySQL's fast finish
-    counts fewer rows than it sent, rolls back to its savepoint and finishes key by key)."""
+    caller meanwhile. The late chunk's done mark lands on 1 and 3 only: 2 left the chunk
+    when it was taken."""
     late, redo = late_chunk_beside(app, [2])
     assert (redo.done, redo.redone) == (1, 1)
     assert (late.done, late.overtaken) == (2, ("2",))
     infos = [app.effects.get("charge", k) for k in (1, 2, 3)]
     assert [(i.state, i.result, i.token) for i in infos] == [
         ("done", "late", 1), ("done", "redone", 2), ("done", "late", 1)]
+
+
+def test_a_chunk_done_reads_as_done_on_each_entry_everywhere(app: App) -> None:
+    """A chunk whose keys all returned one result is marked done on its own row; every read
+    of its entries (get, list by state, counts, in doubt) sees them done, with that result.
+    A key that failed was released on its own entry; a result that differs per key is kept
+    per key."""
+    out = app.effects.run_many("c1", range(1, 11), lambda idem: "sent")
+    assert (out.done, out.chunks) == (10, 1)
+    info = app.effects.get("c1", 7)
+    assert (info.state, info.result, info.lease_expires_at) == ("done", "sent", None)
+    assert info.done_at is not None and info.done_at >= info.created_at
+    assert [e.key for e in app.effects.list("c1", state="done")] == sorted(str(k) for k in range(1, 11))
+    assert app.effects.list("c1", state="running") == []
+    assert app.effects.counts("c1") == {"done": 10}
+    assert app.effects.in_doubt("c1") == []
+
+    def third_fails(idem: str) -> str:
+        if idem.endswith(":3"):
+            raise RuntimeError("no")
+        return "sent"
+
+    out = app.effects.run_many("c2", [1, 2, 3, 4], third_fails)
+    assert (out.done, sorted(out.failed)) == (3, ["3"])
+    assert app.effects.counts("c2") == {"done": 3, "pending": 1}
+    assert app.effects.get("c2", 3).last_error == "RuntimeError: no"
+    again = app.effects.run_many("c2", [1, 2, 3, 4], lambda idem: "second")
+    assert (again.done, again.skipped["done"]) == (1, 3)
+    assert [app.effects.get("c2", k).result for k in (1, 3)] == ["sent", "second"]
+    mixed = app.effects.run_many("c3", [1, 2, 3], lambda idem: idem)
+    assert mixed.done == 3
+    assert [app.effects.get("c3", k).result for k in (1, 2, 3)] == ["c3:1", "c3:2", "c3:3"]
+    assert app.effects.counts("c3") == {"done": 3}
+
+
+def test_a_stale_or_forged_token_moves_no_entry_that_a_chunk_holds(app: App) -> None:
+    """A chunk's entries are marked by their chunk, not by a token: a single claim's done or
+    release carrying an entry's token (stale, or forged from what get() shows) changes
+    nothing, while the chunk runs and after it is done; the effect is not done twice."""
+    from justonce.effects import EffectClaim
+
+    forged: dict[str, bool] = {}
+
+    def fn(idem: str) -> str:
+        if idem.endswith(":2"):
+            token = app.effects.get("f", 1).token
+            assert app.effects.get("f", 1).state == "running"
+            claim = EffectClaim(app.effects, "f", "1", "new", token, None)
+            forged["release_running"] = claim.release("forged")
+            forged["done_running"] = claim.done("forged")
+        return "ok"
+
+    assert app.effects.run_many("f", [1, 2, 3], fn).done == 3
+    assert forged == {"release_running": False, "done_running": False}
+    info = app.effects.get("f", 1)
+    claim = EffectClaim(app.effects, "f", "1", "new", info.token, None)
+    assert claim.release("forged") is False and claim.done("forged") is False
+    assert (app.effects.get("f", 1).state, app.effects.get("f", 1).result) == ("done", "ok")
+    calls: list[str] = []
+    assert app.effects.run_many("f", [1, 2, 3], calls.append).skipped["done"] == 3
+    assert calls == []
+
+
+def test_an_operators_verdict_on_an_entry_of_a_chunk_in_doubt_overtakes_its_late_finisher(
+    app: App
+) -> None:
+    """At most once: a chunk outlives its lease inside fn; an operator resolves one of its
+    entries in doubt (redo) meanwhile. The late finisher marks the others done and reports
+    that one overtaken; the next run sends it once."""
+    started, resolved = threading.Event(), threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    def slow(idem: str) -> str:
+        if not started.is_set():
+            started.set()
+            assert resolved.wait(30)
+        return "late"
+
+    t = threading.Thread(target=lambda: outcomes.update(
+        late=app.effects.run_many("op", [1, 2, 3], slow, lease=0.2)))
+    t.start()
+    assert started.wait(30)
+    time.sleep(0.3)
+    assert sorted(e.key for e in app.effects.in_doubt("op")) == ["1", "2", "3"]
+    assert app.effects.counts("op") == {"in_doubt": 3}
+    assert app.effects.resolve_many("op", [2, 9], done=False, note="not sent") == ["2"]
+    resolved.set()
+    t.join(30)
+    late = outcomes["late"]
+    assert (late.done, late.overtaken) == (2, ("2",))
+    assert [app.effects.get("op", k).state for k in (1, 2, 3)] == ["done", "pending", "done"]
+    again = app.effects.run_many("op", [1, 2, 3], lambda idem: "redo")
+    assert (again.done, again.skipped["done"]) == (1, 2)
+    assert app.effects.resolve_many("op", [1, 2, 3], done=True, force=True) == []
 
 
 def test_an_entry_in_doubt_is_not_redone_at_most_once_and_one_of_another_policy_refuses_the_chunk(

@@ -1,7 +1,9 @@
 """A MySQL database made by an earlier justonce migrates, jobs and all: schema v6 (before
-migration 0008's due_at and partition_state) with jobs in every state, migrated to the
-latest schema, ends with the same table as a fresh database; housekeeping, the dashboard
-and the partitioned claim still find each job by its state, time and key."""
+migration 0008's due_at and partition_state, and 0009's chunks of the effect ledger) with
+jobs in every state and effects done, in doubt and pending, migrated to the latest schema,
+ends with the same jobs table as a fresh database; housekeeping, the dashboard and the
+partitioned claim still find each job by its state, time and key, and the ledger's
+entries read and claim as they did."""
 
 from __future__ import annotations
 
@@ -65,10 +67,18 @@ def test_a_v6_database_with_jobs_in_every_state_migrates_and_its_duties_still_fi
             soon = t.configure(delay=0.2).enqueue(6).id
             t.configure(delay=3600).enqueue(7)  # scheduled, not due
             keyed = [t.configure(partition_key=k).enqueue(8).id for k in ("a", "a", "b")]
+            # Ledger entries as v6 wrote them (no chunks): done, in doubt, released.
+            with app.backend.transaction() as conn, conn.cursor() as cur:
+                cur.execute(
+                    "INSERT INTO justonce_effects (scope, `key`, state, policy, token, owner,"
+                    " attempts, lease_expires_at, result, done_at) VALUES"
+                    " ('old', 'done', 'done', 'at_most_once', 1, 'o', 1, NULL, '\"sent\"', NOW(6)),"
+                    " ('old', 'doubt', 'running', 'at_most_once', 1, 'o', 1, NOW(6), NULL, NULL),"
+                    " ('old', 'again', 'pending', 'at_most_once', 1, 'o', 1, NULL, NULL, NULL)")
             time.sleep(0.4)  # the lease of `expired` runs out; `soon` falls due
 
             monkeypatch.undo()
-            assert app.migrate() == ["0007_lists", "0008_fewer_index_writes"]
+            assert app.migrate() == ["0007_lists", "0008_fewer_index_writes", "0009_effect_chunks"]
             assert app.backend.schema_version() == mysql_backend.LATEST
             assert _jobs_table(app) == _jobs_table(fresh)
             rows = _generated(app)
@@ -94,6 +104,16 @@ def test_a_v6_database_with_jobs_in_every_state_migrates_and_its_duties_still_fi
 
             assert {j.state for j in app.list_jobs(limit=100)} == {
                 JobState.READY, JobState.SCHEDULED, JobState.RUNNING}
+
+            assert app.effects.counts("old") == {"done": 1, "in_doubt": 1, "pending": 1}
+            assert [e.key for e in app.effects.in_doubt("old")] == ["doubt"]
+            assert app.effects.get("old", "done").result == "sent"
+            calls: list[str] = []
+            out = app.effects.run_many("old", ["done", "doubt", "again", "new"], calls.append)
+            assert (out.done, out.skipped["done"], out.skipped["in_doubt"]) == (2, 1, 1)
+            assert sorted(calls) == ["old:again", "old:new"]
+            assert app.effects.resolve_many("old", ["doubt"], done=True) == ["doubt"]
+            assert app.effects.counts("old") == {"done": 4}
         finally:
             app.close()
             fresh.close()

@@ -16,7 +16,9 @@ commit or roll back together: for an effect inside the same database, exactly on
 ``run_many(scope, keys, fn)`` does the same for many keys, a chunk at a time: one
 transaction claims a chunk, ``fn`` runs for each claimed key, one transaction marks them
 done (or releases those whose ``fn`` raised). Two transactions per chunk instead of two per
-key; a crash leaves in doubt only the unfinished keys of the chunk it was in.
+key; a crash leaves in doubt only the unfinished keys of the chunk it was in. The claimed
+entries are held by the chunk (one row of its own, with the chunk's lease): when they all
+returned the same result, the done mark is written once, on the chunk's row.
 """
 
 from __future__ import annotations
@@ -223,6 +225,11 @@ class Effects:
         taken over meanwhile is counted ``overtaken``) and releases those whose ``fn``
         raised (the error kept). ``lease`` covers the whole chunk: all its ``fn`` calls
         together must end within it, or (at least once) another caller may redo them.
+        The chunk's entries point at a row of the chunk's own, which holds its lease;
+        when every ``fn`` of the chunk returned the same result (None, say), the done
+        mark is that one row, however big the chunk (else each entry is marked by
+        itself). Every read of an entry (``get``, ``list``, ``counts``, ``in_doubt``,
+        a claim) sees it through its chunk.
 
         An exception from ``fn`` is recorded for its key and the run goes on. A
         BaseException that is not an Exception (KeyboardInterrupt, SystemExit) marks done
@@ -259,7 +266,8 @@ class Effects:
                owner: str, lease: float, wait: float, conn: Any, tally: _Tally) -> None:
         backend = self.app.backend
         failpoints.hit("effect.before_claim")
-        claims = backend.effect_claim_many(scope, keys, policy, owner, lease, wait, conn=conn)
+        chunk, claims = backend.effect_claim_many(scope, keys, policy, owner, lease, wait,
+                                                  conn=conn)
         tally.chunks += 1
         todo = []
         for key, found, token in claims:
@@ -289,12 +297,12 @@ class Effects:
             note = f"interrupted: {type(exc).__name__}"
             failed += [(k, t, note) for k, t, _ in todo if k not in ended]
             try:
-                backend.effect_finish_many(scope, done, failed, conn=conn)
+                backend.effect_finish_many(scope, chunk, done, failed, conn=conn)
             except Exception:  # noqa: BLE001 - the lease will put them in doubt instead
                 emit(Event.EFFECT_RELEASE_ERROR, "could not finish a chunk of effects after "
                      "an interruption", exc_info=True)
             raise
-        marked, _ = backend.effect_finish_many(scope, done, failed, conn=conn)
+        marked, _ = backend.effect_finish_many(scope, chunk, done, failed, conn=conn)
         failpoints.hit("effect.after_chunk")
         found_by_key = {k: f for k, _, f in todo}
         tally.done += len(marked)

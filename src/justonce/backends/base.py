@@ -242,18 +242,20 @@ class Backend(Protocol):
 
     def effect_claim_many(self, scope: str, keys: Sequence[str], policy: str, owner: str,
                           lease: float, lock_timeout: float,
-                          conn: Any = None) -> list[tuple[str, str, int | None]]:
+                          conn: Any = None) -> tuple[int, list[tuple[str, str, int | None]]]:
         """``effect_claim`` for a chunk of distinct keys in one transaction (entries made
-        where missing, locked in key order, LockTimeout after ``lock_timeout``): (key,
-        found, token or None) per key, in key order. An entry of another policy refuses the
+        where missing, locked in key order, LockTimeout after ``lock_timeout``): the
+        chunk's id and (key, found, token or None) per key, in key order. The claimed keys
+        are held by the chunk and share its lease. An entry of another policy refuses the
         whole chunk (InvalidOption; nothing is claimed)."""
 
-    def effect_finish_many(self, scope: str, done: Sequence[tuple[str, int, str | None]],
+    def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
                            conn: Any = None) -> tuple[set[str], set[str]]:
-        """Atomically: ``done`` claims (key, token, result JSON) running → done, ``failed``
-        ones (key, token, error) running → pending, each fenced by its token. (Keys marked
-        done, keys released); a key in neither had its claim taken over."""
+        """Atomically: chunk ``chunk``'s ``done`` claims (key, token, result JSON) running →
+        done, its ``failed`` ones (key, token, error) running → pending, each fenced by its
+        token and the chunk. (Keys marked done, keys released); a key in neither had its
+        claim taken over."""
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:

@@ -265,13 +265,13 @@ class Dialect:
         ``n`` keys of ``params["keys"]``. Default: the statement's own answer."""
         return self.rows(c, "effect_claim_new_many", params)
 
-    def finish_effects(self, c: Any, scope: str,
+    def finish_effects(self, c: Any, scope: str, chunk: int,
                        rows: Sequence[tuple[str, int, str | None, str | None]]) -> list[Any]:
-        """(key, new state) of the claims ``effect_finish_many`` marked, out of ``rows``
-        (key, token, result, error) in key order. Default: the statement, with ``rows``
-        sent as one JSON list."""
-        return self.rows(c, "effect_finish_many",
-                         {"scope": scope, "rows": json.dumps(rows, separators=(",", ":"))})
+        """(key, new state) of the claims of chunk ``chunk`` that ``effect_finish_many``
+        marked, each on its own entry, out of ``rows`` (key, token, result, error) in key
+        order. Default: the statement, with ``rows`` sent as one JSON list."""
+        return self.rows(c, "effect_finish_many", {"scope": scope, "chunk": chunk,
+                                                   "rows": json.dumps(rows, separators=(",", ":"))})
 
     # -- queue statistics ----------------------------------------------------------------------
     def count_jobs(self, exact_below: int) -> tuple[list[Any], bool]:

@@ -8,10 +8,21 @@ done now. The effect itself runs after that transaction (unless the caller passe
 connection); ``effect_done`` marks it done only if the token is still the claim's.
 
 In bulk (``effect_claim_many`` / ``effect_finish_many``) the same rules hold per key, a
-chunk at a time: one claim transaction inserts the chunk's missing entries already claimed,
-locks the others in key order (the lock order of every bulk statement, so overlapping
-chunks wait instead of deadlocking) and takes the claimable ones; one finishing transaction
-marks done or releases them.
+chunk at a time: one claim transaction makes the chunk's row (``justonce_effect_chunks``:
+its lease, later its done mark and result), inserts the chunk's missing entries already
+claimed by it, locks the others in key order (the lock order of every bulk statement, so
+overlapping chunks wait instead of deadlocking) and takes the claimable ones; one finishing
+transaction releases the failed ones and marks the chunk done.
+
+An entry a chunk holds (``chunk_id``) keeps state 'running' and no lease of its own: its
+state is the chunk's — done once the chunk is, else running until the chunk's lease, then
+in doubt. Every other change of an entry (a failure released, an operator's verdict, a
+single claim, a result of its own) is written on the entry and takes it out of the chunk,
+so a chunk's finisher marks done exactly the entries still pointing at it; the others were
+taken over. Locks are taken entries first (in key order), then chunks: a claim that takes
+an entry in doubt from a chunk, or an operator's verdict on one, share-locks the chunk, so
+that its finisher (which locks the chunk's row to mark it) either comes first, and the
+entry is done, or after, and finds it gone.
 """
 
 from __future__ import annotations
@@ -45,73 +56,123 @@ class EffectOps:
 
         def run(c: Any) -> tuple[str, int | None]:
             self.d.many(c, "effect_ensure", [params])
-            state, stored, token, expired = self.d.rows(c, "effect_lock", params)[0]
+            row = self.d.rows(c, "effect_lock", params)[0]
+            stored = row[1]
             if stored != policy:
                 raise InvalidOption(
                     f"effect {scope}:{key} is {stored}, not {policy}: one effect has one policy "
                     "(an at-most-once entry in doubt must never be redone by an at-least-once caller)")
-            if state == "done":
-                return "done", None
-            if state == "running" and not expired:
-                return "running", None
-            found = "in_doubt" if state == "running" else ("new" if token == 0 else "pending")
-            if found == "in_doubt" and policy == AT_MOST_ONCE:
+            found = self._found(row, policy, c)
+            if found in ("done", "running") or (found == "in_doubt" and policy == AT_MOST_ONCE):
                 return found, None
             return found, int(self.d.rows(c, "effect_take", params)[0][0])
 
         return self.d.locked_tx(conn, lock_timeout, run)
 
+    def _found(self, row: Sequence[Any], policy: str, c: Any) -> str:
+        """What a claim finds in an entry it has locked: ``row`` is (state, policy, token,
+        expired, chunk_id, chunk's state, chunk's lease expired), as effect_lock and
+        effect_lock_many read it. An entry that a chunk holds has the chunk's state; one
+        that an at-least-once claim would take in doubt from a chunk is re-read under the
+        chunk's share lock, so that the chunk's finisher cannot mark it done meanwhile
+        (it then finds the entry taken: overtaken)."""
+        state, _, token, expired, chunk, chunk_state, chunk_expired = row[:7]
+        if chunk is not None and state == "running":
+            if chunk_state == "done":
+                return "done"
+            if not chunk_expired:
+                return "running"
+            if policy == AT_LEAST_ONCE:
+                (_, chunk_state, _), = self.d.rows(c, "effect_chunks_share",
+                                                  {"ids": self.d.array([int(chunk)])})
+                if chunk_state == "done":
+                    return "done"
+            return "in_doubt"
+        if state == "done":
+            return "done"
+        if state == "running":
+            return "in_doubt" if expired else "running"
+        return "new" if int(token) == 0 else "pending"
+
     def effect_claim_many(self, scope: str, keys: Sequence[str], policy: str, owner: str,
                           lease: float, lock_timeout: float,
-                          conn: Any = None) -> list[tuple[str, str, int | None]]:
-        """``effect_claim`` for a chunk of distinct keys, in one transaction: (key, what the
-        claim found, the new token or None) for every key, in key order. An entry of
-        another policy refuses the whole chunk (InvalidOption, nothing claimed)."""
+                          conn: Any = None) -> tuple[int, list[tuple[str, str, int | None]]]:
+        """``effect_claim`` for a chunk of distinct keys, in one transaction: the chunk's id
+        (for :meth:`effect_finish_many`) and (key, what the claim found, the new token or
+        None) for every key, in key order. The keys claimed are held by the chunk, whose
+        lease they share. An entry of another policy refuses the whole chunk
+        (InvalidOption, nothing claimed)."""
         ordered = sorted(keys)
-        params = {"scope": scope, "keys": self.d.array(ordered), "policy": policy, "owner": owner,
-                  "lease": lease}
 
-        def run(c: Any) -> list[tuple[str, str, int | None]]:
+        def run(c: Any) -> tuple[int, list[tuple[str, str, int | None]]]:
+            chunk = int(self.d.rows(c, "effect_chunk_open", {"scope": scope, "lease": lease})[0][0])
+            params = {"scope": scope, "keys": self.d.array(ordered), "policy": policy,
+                      "owner": owner, "chunk": chunk}
             # New keys are inserted claimed; the rest are locked, checked and taken.
             tokens = {k: int(t) for k, t in self.d.claim_new_effects(c, params, len(ordered))}
             found = dict.fromkeys(tokens, "new")
             existing = [k for k in ordered if k not in tokens]
             rows = (self.d.rows(c, "effect_lock_many", {**params, "keys": self.d.array(existing)})
                     if existing else [])
-            for key, state, stored, token, expired in rows:
-                if stored != policy:
+            for key, *row in rows:
+                if row[1] != policy:
                     raise InvalidOption(
-                        f"effect {scope}:{key} is {stored}, not {policy}: one effect has one "
+                        f"effect {scope}:{key} is {row[1]}, not {policy}: one effect has one "
                         "policy (an at-most-once entry in doubt must never be redone by an "
                         "at-least-once caller)")
-                if state == "running" and not expired:
-                    found[key] = "running"
-                elif state == "running":
-                    found[key] = "in_doubt"
-                else:
-                    found[key] = "new" if int(token) == 0 else "pending"
+                found[key] = self._found(row, policy, c)
             take = [k for k in existing if found.get(k) in ("new", "pending")
                     or (found.get(k) == "in_doubt" and policy == AT_LEAST_ONCE)]
             if take:
                 tokens.update((k, int(t)) for k, t in
                               self.d.rows(c, "effect_take_many", {**params, "keys": self.d.array(take)}))
+            if not tokens:
+                self.d.rows(c, "effect_chunk_drop", {"chunk": chunk})
             # A key the lock did not return is done (the lock leaves done entries out).
-            return [(k, found.get(k, "done"), tokens.get(k)) for k in ordered]
+            return chunk, [(k, found.get(k, "done"), tokens.get(k)) for k in ordered]
 
         return self.d.locked_tx(conn, lock_timeout, run)
 
-    def effect_finish_many(self, scope: str, done: Sequence[tuple[str, int, str | None]],
+    def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
                            conn: Any = None) -> tuple[set[str], set[str]]:
-        """In one transaction: mark done the ``done`` claims (key, token, result JSON) and
-        release the ``failed`` ones (key, token, error), each fenced by its token. Returns
-        (keys marked done, keys released); a key in neither was taken over meanwhile."""
-        rows = sorted([(k, t, r, None) for k, t, r in done] + [(k, t, None, e) for k, t, e in failed])
-        if not rows:
+        """In one transaction: mark done the ``done`` claims (key, token, result JSON) of
+        chunk ``chunk`` and release the ``failed`` ones (key, token, error), each fenced by
+        its token and the chunk. Returns (keys marked done, keys released); a key in
+        neither was taken over meanwhile (an at-least-once claim after the lease, or an
+        operator's verdict).
+
+        When every done key returned the same result, the chunk's own row is marked done
+        (one row, whatever the chunk's size) and its entries follow it; the failed ones are
+        released first, each on its own entry. Otherwise each entry is marked by itself.
+        Rows are locked entries first, then the chunk, as every claim does."""
+        if not done and not failed:
             return set(), set()
-        out = self.d.tx(conn, lambda c: self.d.finish_effects(c, scope, rows))
-        return ({k for k, state in out if state == "done"},
-                {k for k, state in out if state == "pending"})
+        results = {r for _, _, r in done}
+        if len(results) > 1:
+            rows = sorted([(k, t, r, None) for k, t, r in done] + [(k, t, None, e) for k, t, e in failed])
+            return self.d.tx(conn, lambda c: self._finish_each(c, scope, chunk, rows, None))
+        rows = sorted((k, t, None, e) for k, t, e in failed)
+        return self.d.tx(conn, lambda c: self._finish_each(c, scope, chunk, rows, done))
+
+    def _finish_each(self, c: Any, scope: str, chunk: int,
+                     rows: Sequence[tuple[str, int, str | None, str | None]],
+                     together: Sequence[tuple[str, int, str | None]] | None) -> tuple[set[str], set[str]]:
+        out = self.d.finish_effects(c, scope, chunk, rows) if rows else []
+        marked = {k for k, state in out if state == "done"}
+        released = {k for k, state in out if state == "pending"}
+        result = together[0][2] if together else None
+        closed = self.d.rows(c, "effect_chunk_done", {"chunk": chunk, "result": result})
+        if together and closed:
+            held = {str(r[0]) for r in self.d.rows(c, "effect_chunk_keys", {"chunk": chunk})}
+            wanted = {k for k, _, _ in together}
+            if held - wanted:
+                # Every claimed key of a chunk ends done or failed: one that is neither
+                # would be marked done by the chunk without its effect confirmed.
+                raise AssertionError(f"chunk {chunk} holds keys that were not finished: "
+                                     f"{sorted(held - wanted)[:5]}")
+            marked |= held
+        return marked, released
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:
@@ -125,20 +186,39 @@ class EffectOps:
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
                        force: bool) -> bool:
-        params = {"scope": scope, "key": key, "state": state, "note": note, "force": force}
-        return bool(self.d.tx(None, lambda c: self.d.rows(c, "effect_resolve", params)))
+        return bool(self.effect_resolve_many(scope, [key], state, note, force))
 
     def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
                             force: bool) -> list[str]:
+        """Per transaction of up to RESOLVE_CHUNK keys: the running entries locked in key
+        order, the chunks that hold some of them share-locked (so that a chunk's finisher
+        cannot mark an entry done while it is resolved: it finds it taken), then those in
+        doubt (or, with ``force``, running) given the verdict, on the entry itself."""
         ordered, out = sorted(keys), []
         for at in range(0, len(ordered), RESOLVE_CHUNK):
-            params = {"scope": scope, "keys": self.d.array(ordered[at:at + RESOLVE_CHUNK]),
-                      "state": state, "note": note, "force": force}
+            part = ordered[at:at + RESOLVE_CHUNK]
 
-            def run(c: Any, p: dict[str, Any] = params) -> list[Any]:
-                return self.d.rows(c, "effect_resolve_many", p)
+            def run(c: Any, part: list[str] = part) -> list[str]:
+                rows = self.d.rows(c, "effect_resolve_lock", {"scope": scope, "keys": self.d.array(part)})
+                chunks = sorted({int(r[2]) for r in rows if r[2] is not None})
+                live = {}
+                if chunks:
+                    live = {int(i): (st, exp) for i, st, exp in
+                            self.d.rows(c, "effect_chunks_share", {"ids": self.d.array(chunks)})}
+                pick = []
+                for key, expired, chunk in rows:
+                    if chunk is not None:
+                        chunk_state, expired = live.get(int(chunk), ("done", False))
+                        if chunk_state == "done":
+                            continue
+                    if force or expired:
+                        pick.append(str(key))
+                if not pick:
+                    return []
+                params = {"scope": scope, "keys": self.d.array(pick), "state": state, "note": note}
+                return [str(r[0]) for r in self.d.rows(c, "effect_resolve_set", params)]
 
-            out += [str(r[0]) for r in self.d.tx(None, run)]
+            out += self.d.tx(None, run)
         return sorted(out)
 
     def effect_get(self, scope: str, key: str) -> EffectInfo | None:

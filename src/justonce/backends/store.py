@@ -413,13 +413,13 @@ class Store:
 
     def effect_claim_many(self, scope: str, keys: Sequence[str], policy: str, owner: str,
                           lease: float, lock_timeout: float,
-                          conn: Any = None) -> list[tuple[str, str, int | None]]:
+                          conn: Any = None) -> tuple[int, list[tuple[str, str, int | None]]]:
         return self.effects.effect_claim_many(scope, keys, policy, owner, lease, lock_timeout, conn)
 
-    def effect_finish_many(self, scope: str, done: Sequence[tuple[str, int, str | None]],
+    def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
                            conn: Any = None) -> tuple[set[str], set[str]]:
-        return self.effects.effect_finish_many(scope, done, failed, conn)
+        return self.effects.effect_finish_many(scope, chunk, done, failed, conn)
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:

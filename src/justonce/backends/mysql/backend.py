@@ -697,20 +697,6 @@ class MySQLDialect(Dialect):
             cur.execute(read_back, args)
             return list(cur.fetchall())
 
-    def finish_effects(self, c: pymysql.Connection, scope: str,
-                       rows: Sequence[tuple[str, int, str | None, str | None]]) -> list[Any]:
-        token, result, error = rows[0][1:]
-        if error is not None or any(r[1:] != (token, result, error) for r in rows):
-            return super().finish_effects(c, scope, rows)
-        keys = tuple(r[0] for r in rows)
-        args = {"scope": scope, "keyset": keys, "token": token, "result": result}
-        (same,) = STATEMENTS["effect_finish_same"]
-        if self._count(c, ["SAVEPOINT justonce_finish", same], args) == len(keys):
-            return [(k, "done") for k in keys]
-        with c.cursor() as cur:  # a claim was taken over: find out which, the long way
-            cur.execute("ROLLBACK TO SAVEPOINT justonce_finish")
-        return super().finish_effects(c, scope, rows)
-
     # -- bulk inserts ----------------------------------------------------------------------------------
     def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
                      kwargs_doc: str) -> list[int]:

@@ -394,13 +394,17 @@ VALUES (:scope, :key, 'pending', :policy, NOW(), NOW())
 ON CONFLICT (scope, key) DO NOTHING
 
 -- name: effect_lock
-SELECT state, policy, token, (lease_expires_at <= NOW()) AS expired
-  FROM justonce_effects WHERE scope = :scope AND key = :key
+-- The entry and, when a chunk of run_many holds it, that chunk's state (the entry's state
+-- is then the chunk's: see the PostgreSQL file).
+SELECT e.state, e.policy, e.token, (e.lease_expires_at <= NOW()) AS expired, e.chunk_id,
+       c.state, (c.lease_expires_at <= NOW())
+  FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
+ WHERE e.scope = :scope AND e.key = :key
 
 -- name: effect_take
 UPDATE justonce_effects
    SET state = 'running', token = token + 1, owner = :owner, attempts = attempts + 1,
-       lease_expires_at = NOW() + :lease, updated_at = NOW()
+       lease_expires_at = NOW() + :lease, updated_at = NOW(), chunk_id = NULL
  WHERE scope = :scope AND key = :key
 RETURNING token
 
@@ -409,107 +413,165 @@ UPDATE justonce_effects
    SET state = 'done', done_at = NOW(), updated_at = NOW(), lease_expires_at = NULL,
        result = :result
  WHERE scope = :scope AND key = :key AND token = :token AND state = 'running'
+   AND chunk_id IS NULL
 RETURNING 1
 
 -- name: effect_release
 UPDATE justonce_effects
    SET state = 'pending', updated_at = NOW(), lease_expires_at = NULL, last_error = :error
  WHERE scope = :scope AND key = :key AND token = :token AND state = 'running'
+   AND chunk_id IS NULL
 RETURNING 1
 
--- name: effect_resolve
-UPDATE justonce_effects
-   SET state = :state, updated_at = NOW(), lease_expires_at = NULL,
-       done_at = CASE WHEN :state = 'done' THEN NOW() END,
-       last_error = COALESCE(:note, last_error)
- WHERE scope = :scope AND key = :key AND state = 'running'
-   AND (:force OR lease_expires_at <= NOW())
-RETURNING 1
+-- name: effect_resolve_lock
+-- The running entries among :keys (one writer at a time: no lock order to keep): (key,
+-- lease expired, the chunk that holds it).
+SELECT key, (lease_expires_at <= NOW()), chunk_id
+  FROM justonce_effects
+ WHERE scope = :scope AND key IN (SELECT value FROM json_each(:keys)) AND state = 'running'
+ ORDER BY key
 
--- name: effect_resolve_many
--- effect_resolve for a list of keys (one writer at a time: no lock order to keep).
+-- name: effect_resolve_set
+-- An operator's verdict on the entries picked (in doubt, or running with force): done, or
+-- pending (to be redone), on each entry itself.
 UPDATE justonce_effects
-   SET state = :state, updated_at = NOW(), lease_expires_at = NULL,
+   SET state = :state, updated_at = NOW(), lease_expires_at = NULL, chunk_id = NULL,
        done_at = CASE WHEN :state = 'done' THEN NOW() END,
        last_error = COALESCE(:note, last_error)
  WHERE scope = :scope AND key IN (SELECT value FROM json_each(:keys)) AND state = 'running'
-   AND (:force OR lease_expires_at <= NOW())
 RETURNING key
 
 -- name: effect_get
-SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
-       result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= NOW())
-  FROM justonce_effects WHERE scope = :scope AND key = :key
+SELECT e.scope, e.key, CASE WHEN c.state = 'done' THEN 'done' ELSE e.state END, e.policy,
+       e.token, e.owner, e.attempts,
+       CASE WHEN c.state = 'done' THEN NULL ELSE COALESCE(e.lease_expires_at, c.lease_expires_at) END,
+       e.last_error, COALESCE(e.result, c.result), e.created_at, COALESCE(c.done_at, e.updated_at),
+       COALESCE(e.done_at, c.done_at),
+       (e.state = 'running' AND COALESCE(c.state, '') <> 'done'
+        AND COALESCE(e.lease_expires_at, c.lease_expires_at) <= NOW())
+  FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
+ WHERE e.scope = :scope AND e.key = :key
 
 -- name: effects_in_doubt
-SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
-       result, created_at, updated_at, done_at, 1
-  FROM justonce_effects
- WHERE state = 'running' AND lease_expires_at <= NOW()
-   AND (:scope IS NULL OR scope = :scope)
- ORDER BY lease_expires_at
+-- Entries in doubt: those whose own lease ran out while running, and those held by a
+-- chunk whose lease ran out before it was done (the chunk's lease is theirs).
+SELECT * FROM (
+    SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
+           result, created_at, updated_at, done_at, 1
+      FROM justonce_effects
+     WHERE state = 'running' AND lease_expires_at <= NOW()
+       AND (:scope IS NULL OR scope = :scope)
+    UNION ALL
+    SELECT e.scope, e.key, e.state, e.policy, e.token, e.owner, e.attempts, c.lease_expires_at,
+           e.last_error, e.result, e.created_at, e.updated_at, e.done_at, 1
+      FROM justonce_effect_chunks c JOIN justonce_effects e ON e.chunk_id = c.id
+     WHERE c.state = 'running' AND c.lease_expires_at <= NOW()
+       AND (:scope IS NULL OR c.scope = :scope)
+) ORDER BY 8
  LIMIT :limit
 
 -- name: effects_list
 -- A page of a scope by key: the keys after :after ('' when it is NULL: every key is
 -- non-empty), a range of the primary key, so a page deep in a big scope costs what the
 -- first one does (an `IS NULL OR key >` form left SQLite filtering the whole scope).
-SELECT scope, key, state, policy, token, owner, attempts, lease_expires_at, last_error,
-       result, created_at, updated_at, done_at, (state = 'running' AND lease_expires_at <= NOW())
-  FROM justonce_effects
- WHERE scope = :scope AND (:state IS NULL OR state = :state)
-   AND key > COALESCE(:after, '')
- ORDER BY key
+SELECT e.scope, e.key, CASE WHEN c.state = 'done' THEN 'done' ELSE e.state END, e.policy,
+       e.token, e.owner, e.attempts,
+       CASE WHEN c.state = 'done' THEN NULL ELSE COALESCE(e.lease_expires_at, c.lease_expires_at) END,
+       e.last_error, COALESCE(e.result, c.result), e.created_at, COALESCE(c.done_at, e.updated_at),
+       COALESCE(e.done_at, c.done_at),
+       (e.state = 'running' AND COALESCE(c.state, '') <> 'done'
+        AND COALESCE(e.lease_expires_at, c.lease_expires_at) <= NOW())
+  FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
+ WHERE e.scope = :scope
+   AND (:state IS NULL OR (CASE WHEN c.state = 'done' THEN 'done' ELSE e.state END) = :state)
+   AND e.key > COALESCE(:after, '')
+ ORDER BY e.key
  LIMIT :limit
 
 -- name: effects_count
-SELECT state, (state = 'running' AND lease_expires_at <= NOW()), count(*)
-  FROM justonce_effects WHERE scope = :scope
+-- Counted per (state, chunk) first: a chunk's entries take their state from one look-up.
+SELECT CASE WHEN c.state = 'done' THEN 'done' ELSE g.state END,
+       (g.state = 'running' AND COALESCE(c.state, '') <> 'done'
+        AND COALESCE(g.lease_expires_at, c.lease_expires_at) <= NOW()),
+       sum(g.n)
+  FROM (SELECT state, chunk_id, lease_expires_at, count(*) AS n
+          FROM justonce_effects WHERE scope = :scope
+         GROUP BY state, chunk_id, lease_expires_at) g
+  LEFT JOIN justonce_effect_chunks c ON c.id = g.chunk_id
  GROUP BY 1, 2
 
--- Effects in bulk (Effects.run_many): per chunk, one claim transaction (ensure, lock, take)
--- and one finishing transaction. :keys arrive as a JSON list sorted by key; BEGIN IMMEDIATE's
--- write lock stands for the rows' locks, so the order matters only on the other dialects.
+-- Effects in bulk (Effects.run_many): per chunk, one claim transaction (the chunk's row,
+-- ensure, lock, take) and one finishing transaction. :keys arrive as a JSON list sorted by
+-- key; BEGIN IMMEDIATE's write lock stands for the rows' locks, so the order matters only
+-- on the other dialects. The entries a chunk claims point at its row (chunk_id) and have
+-- no lease of their own: the chunk's lease is theirs, and its done mark is theirs.
+
+-- name: effect_chunk_open
+INSERT INTO justonce_effect_chunks (scope, state, lease_expires_at, created_at)
+VALUES (:scope, 'running', NOW() + :lease, NOW())
+RETURNING id
+
+-- name: effect_chunk_drop
+-- A chunk that claimed nothing.
+DELETE FROM justonce_effect_chunks WHERE id = :chunk RETURNING id
+
+-- name: effect_chunks_share
+-- Chunks by id (their share lock, on the other dialects): (id, state, lease expired).
+SELECT id, state, (lease_expires_at <= NOW())
+  FROM justonce_effect_chunks WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id
+
+-- name: effect_chunk_done
+-- The chunk's done mark, with the result its entries share.
+UPDATE justonce_effect_chunks SET state = 'done', done_at = NOW(), result = :result
+ WHERE id = :chunk AND state = 'running'
+RETURNING 1
+
+-- name: effect_chunk_keys
+-- The entries a chunk still holds (none taken over by another claim or an operator).
+SELECT key FROM justonce_effects WHERE chunk_id = :chunk
 
 -- name: effect_claim_new_many
--- The missing entries of the chunk, inserted already claimed (running, token 1), in one
--- statement; returns the keys inserted (the others exist and go through lock and take).
+-- The missing entries of the chunk, inserted already claimed (running, token 1) by it, in
+-- one statement; returns the keys inserted (the others exist and go through lock and take).
 -- (WHERE true: SQLite's parser would otherwise read ON CONFLICT as a join constraint.)
-INSERT INTO justonce_effects (scope, key, state, policy, token, owner, attempts, lease_expires_at,
+INSERT INTO justonce_effects (scope, key, state, policy, token, owner, attempts, chunk_id,
                               created_at, updated_at)
-SELECT :scope, value, 'running', :policy, 1, :owner, 1, NOW() + :lease, NOW(), NOW()
+SELECT :scope, value, 'running', :policy, 1, :owner, 1, :chunk, NOW(), NOW()
   FROM json_each(:keys) WHERE true
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING key, token
 
 -- name: effect_lock_many
--- "Check state" for the chunk. Done entries are left out (a key missing from the answer is
--- done): a re-run over a finished scope then reads rather than locks on every dialect;
--- those of another policy come back anyway, so that the caller refuses the chunk.
-SELECT key, state, policy, token, (lease_expires_at <= NOW()) AS expired
-  FROM justonce_effects
- WHERE scope = :scope AND key IN (SELECT value FROM json_each(:keys))
-   AND (state <> 'done' OR policy <> :policy)
- ORDER BY key
+-- "Check state" for the chunk, as effect_lock reads it. Done entries are left out (a key
+-- missing from the answer is done), and so are those of chunks that are done: a re-run
+-- over a finished scope then reads rather than locks on every dialect; those of another
+-- policy come back anyway, so that the caller refuses the chunk.
+SELECT e.key, e.state, e.policy, e.token, (e.lease_expires_at <= NOW()), e.chunk_id,
+       c.state, (c.lease_expires_at <= NOW())
+  FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
+ WHERE e.scope = :scope AND e.key IN (SELECT value FROM json_each(:keys))
+   AND ((e.state <> 'done' AND COALESCE(c.state, '') <> 'done') OR e.policy <> :policy)
+ ORDER BY e.key
 
 -- name: effect_take_many
 -- "Change state": the claimable keys of the chunk (all locked by this transaction), each
--- with a new token.
+-- with a new token, held by the chunk.
 UPDATE justonce_effects
    SET state = 'running', token = token + 1, owner = :owner, attempts = attempts + 1,
-       lease_expires_at = NOW() + :lease, updated_at = NOW()
+       lease_expires_at = NULL, chunk_id = :chunk, updated_at = NOW()
  WHERE scope = :scope AND key IN (SELECT value FROM json_each(:keys))
 RETURNING key, token
 
 -- name: effect_finish_many
--- The chunk's outcome in one statement: :rows is one JSON list of [key, token, result,
--- error] (result: JSON text or null; error: null when fn returned, so done; text when fn
--- raised, so pending again). Fenced by each key's token: a key whose claim was taken over
--- is not in the answer. Shape: the rows are read once into a materialised table, which
--- then drives primary-key look-ups. Joined to the ledger directly, the planner walked the
--- whole scope and the list for each entry (22 ms a chunk of 500 in a 5,000-entry scope,
--- growing with it); four parallel lists joined on their positions compared every row with
--- every row (54 ms). Now ~3 ms, the 500 updates included.
+-- Entries of a chunk marked one by one (results that differ, or failures released):
+-- :rows is one JSON list of [key, token, result, error] (result: JSON text or null; error:
+-- null when fn returned, so done; text when fn raised, so pending again). Fenced by each
+-- key's token and the chunk: a key whose claim was taken over is not in the answer. Each
+-- entry marked leaves the chunk. Shape: the rows are read once into a materialised table,
+-- which then drives primary-key look-ups. Joined to the ledger directly, the planner walked
+-- the whole scope and the list for each entry (22 ms a chunk of 500 in a 5,000-entry
+-- scope, growing with it); four parallel lists joined on their positions compared every
+-- row with every row (54 ms). Now ~3 ms, the 500 updates included.
 WITH d AS MATERIALIZED (
     SELECT json_extract(r.value, '$[0]') AS key, json_extract(r.value, '$[1]') AS token,
            json_extract(r.value, '$[2]') AS result, json_extract(r.value, '$[3]') AS error
@@ -520,10 +582,11 @@ UPDATE justonce_effects
        done_at = CASE WHEN d.error IS NULL THEN NOW() END,
        result = CASE WHEN d.error IS NULL THEN d.result ELSE justonce_effects.result END,
        last_error = COALESCE(d.error, justonce_effects.last_error),
-       updated_at = NOW(), lease_expires_at = NULL
+       updated_at = NOW(), lease_expires_at = NULL, chunk_id = NULL
   FROM d
  WHERE justonce_effects.scope = :scope AND justonce_effects.key = d.key
    AND justonce_effects.token = d.token AND justonce_effects.state = 'running'
+   AND justonce_effects.chunk_id = :chunk
 RETURNING justonce_effects.key, justonce_effects.state
 
 -- Dashboard (backends/dashstore.py, web/snapshot.py): see the PostgreSQL file. SQLite has
