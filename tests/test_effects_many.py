@@ -251,6 +251,28 @@ def test_an_operators_verdict_on_an_entry_of_a_chunk_in_doubt_overtakes_its_late
     assert app.effects.resolve_many("op", [1, 2, 3], done=True, force=True) == []
 
 
+def test_an_entry_whose_chunk_row_was_deleted_is_in_doubt_to_a_claim_and_resolvable(
+    app: App
+) -> None:
+    """Someone removed chunk rows by hand (retention done in the wrong order) while a
+    chunk's entries stayed: nobody can mark them done any more, so a claim treats them as
+    in doubt (never redone at most once), and an operator's verdict settles them."""
+    # A chunk claimed, and its holder gone without finishing (as if killed).
+    _chunk, claims = app.backend.effect_claim_many("gone", ["1", "2"], AT_MOST_ONCE, "dead", 60.0, 5.0)
+    assert [found for _, found, _ in claims] == ["new", "new"]
+    with app.backend.transaction() as conn:
+        sql = "DELETE FROM justonce_effect_chunks WHERE scope = 'gone'"
+        if hasattr(conn, "execute"):
+            conn.execute(sql)
+        else:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+    out = app.effects.run_many("gone", [1, 2, 3], lambda idem: None)
+    assert (out.done, out.skipped["in_doubt"]) == (1, 2)
+    assert app.effects.resolve_many("gone", [1, 2], done=False) == ["1", "2"]
+    assert app.effects.run_many("gone", [1, 2, 3], lambda idem: None).done == 2
+
+
 def test_an_entry_in_doubt_is_not_redone_at_most_once_and_one_of_another_policy_refuses_the_chunk(
     app: App
 ) -> None:

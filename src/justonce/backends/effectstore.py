@@ -78,6 +78,8 @@ class EffectOps:
         (it then finds the entry taken: overtaken)."""
         state, _, token, expired, chunk, chunk_state, chunk_expired = row[:7]
         if chunk is not None and state == "running":
+            if chunk_state is None:  # its chunk's row was deleted: nobody can mark it done
+                return "in_doubt"
             if chunk_state == "done":
                 return "done"
             if not chunk_expired:
@@ -208,7 +210,8 @@ class EffectOps:
                 pick = []
                 for key, expired, chunk in rows:
                     if chunk is not None:
-                        chunk_state, expired = live.get(int(chunk), ("done", False))
+                        # (a chunk whose row was deleted holds it in doubt: resolvable)
+                        chunk_state, expired = live.get(int(chunk), ("running", True))
                         if chunk_state == "done":
                             continue
                     if force or expired:

@@ -1,6 +1,9 @@
 -- justonce schema v8: the chunks of run_many (see the PostgreSQL migration).
+-- AUTOINCREMENT: an id is never given again, not even after its row is deleted (a plain
+-- INTEGER PRIMARY KEY reuses the highest id freed, and entries still pointing at a deleted
+-- chunk would belong to the next one).
 CREATE TABLE justonce_effect_chunks (
-    id               INTEGER PRIMARY KEY,
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
     scope            TEXT    NOT NULL,
     state            TEXT    NOT NULL CHECK (state IN ('running','done')),
     lease_expires_at REAL    NOT NULL,
