@@ -273,6 +273,51 @@ def test_an_entry_whose_chunk_row_was_deleted_is_in_doubt_to_a_claim_and_resolva
     assert app.effects.run_many("gone", [1, 2, 3], lambda idem: None).done == 2
 
 
+@pytest.mark.parametrize("policy", [AT_MOST_ONCE, AT_LEAST_ONCE])
+@pytest.mark.parametrize("many", [False, True], ids=["run", "run_many"])
+def test_a_claim_that_waited_for_an_entry_sees_the_chunk_that_took_it_meanwhile(
+    app: App, policy: str, many: bool
+) -> None:
+    """Claimer A has locked k2 and not yet taken it into its new chunk; B's claim waits for
+    k2's lock. When A commits, k2 is held by a chunk B's first statement could not see: B
+    must find it running (A's lease is live), not in doubt — at least once it took k2 and
+    ran its effect beside A's (found in review). k1, in a chunk whose holder died, comes
+    first in B's list (on MariaDB it opened the read view that hid A's chunk)."""
+    be, d = app.backend, app.backend.effects.d
+    _chunk, claims = be.effect_claim_many("w", ["k1"], policy, "dead", 0.01, 5.0)
+    assert claims[0][2] is not None
+
+    def boom(idem: str) -> None:
+        raise RuntimeError("x")
+
+    app.effects.run_many("w", ["k2"], boom, policy=policy)  # k2: pending
+    time.sleep(0.05)
+    out: dict[str, Any] = {}
+
+    def claimer_b() -> None:
+        if many:
+            out["b"] = dict((k, (f, t)) for k, f, t in
+                            be.effect_claim_many("w", ["k1", "k2"], policy, "B", 60.0, 20.0)[1])
+        else:
+            out["b"] = {"k2": be.effect_claim("w", "k2", policy, "B", 60.0, 20.0)}
+
+    with be.transaction() as a:
+        chunk = int(d.rows(a, "effect_chunk_open", {"scope": "w", "lease": 60.0})[0][0])
+        p = {"scope": "w", "keys": d.array(["k2"]), "policy": policy, "owner": "A", "chunk": chunk}
+        assert [r[0] for r in d.rows(a, "effect_lock_many", p)] == ["k2"]
+        b = threading.Thread(target=claimer_b)
+        b.start()
+        time.sleep(0.5)  # B is waiting for k2 (on SQLite, for the write lock)
+        assert [r[0] for r in d.rows(a, "effect_take_many", p)] == ["k2"]
+    b.join(30)
+    assert out["b"]["k2"] == ("running", None)
+    if many:
+        assert out["b"]["k1"][0] == "in_doubt"
+        assert (out["b"]["k1"][1] is not None) == (policy == AT_LEAST_ONCE)
+    info = app.effects.get("w", "k2")
+    assert (info.state, info.owner) == ("running", "A")
+
+
 def test_an_entry_in_doubt_is_not_redone_at_most_once_and_one_of_another_policy_refuses_the_chunk(
     app: App
 ) -> None:

@@ -62,34 +62,41 @@ class EffectOps:
                 raise InvalidOption(
                     f"effect {scope}:{key} is {stored}, not {policy}: one effect has one policy "
                     "(an at-most-once entry in doubt must never be redone by an at-least-once caller)")
-            found = self._found(row, policy, c)
+            found = self._found(row, self._chunks(c, [row], policy))
             if found in ("done", "running") or (found == "in_doubt" and policy == AT_MOST_ONCE):
                 return found, None
             return found, int(self.d.rows(c, "effect_take", params)[0][0])
 
         return self.d.locked_tx(conn, lock_timeout, run)
 
-    def _found(self, row: Sequence[Any], policy: str, c: Any) -> str:
+    def _chunks(self, c: Any, rows: Sequence[Sequence[Any]],
+                policy: str) -> dict[int, tuple[str, bool]]:
+        """The state and lease of the chunks that hold the locked entries ``rows``
+        (state, policy, token, expired, chunk_id), read by a statement of its own after
+        the lock (one that began before the lock's wait would not see a chunk committed
+        during it, and would take the entry for one whose chunk is gone). Under at least
+        once they are share-locked: a claim may take an entry in doubt from its chunk, and
+        the chunk's finisher must then come after it (and find the entry gone) or before
+        (and the entry is done)."""
+        ids = sorted({int(r[4]) for r in rows if r[4] is not None and r[0] == "running"})
+        if not ids:
+            return {}
+        name = "effect_chunks_share" if policy == AT_LEAST_ONCE else "effect_chunks_read"
+        return {int(i): (str(state), bool(expired))
+                for i, state, expired in self.d.rows(c, name, {"ids": self.d.array(ids)})}
+
+    @staticmethod
+    def _found(row: Sequence[Any], chunks: dict[int, tuple[str, bool]]) -> str:
         """What a claim finds in an entry it has locked: ``row`` is (state, policy, token,
-        expired, chunk_id, chunk's state, chunk's lease expired), as effect_lock and
-        effect_lock_many read it. An entry that a chunk holds has the chunk's state; one
-        that an at-least-once claim would take in doubt from a chunk is re-read under the
-        chunk's share lock, so that the chunk's finisher cannot mark it done meanwhile
-        (it then finds the entry taken: overtaken)."""
-        state, _, token, expired, chunk, chunk_state, chunk_expired = row[:7]
+        expired, chunk_id), ``chunks`` the states of the chunks (see _chunks). An entry
+        that a chunk holds has the chunk's state; one whose chunk's row is gone is in doubt
+        (nobody can mark it done any more)."""
+        state, _, token, expired, chunk = row[:5]
         if chunk is not None and state == "running":
-            if chunk_state is None:  # its chunk's row was deleted: nobody can mark it done
-                return "in_doubt"
+            chunk_state, chunk_expired = chunks.get(int(chunk), ("running", True))
             if chunk_state == "done":
                 return "done"
-            if not chunk_expired:
-                return "running"
-            if policy == AT_LEAST_ONCE:
-                (_, chunk_state, _), = self.d.rows(c, "effect_chunks_share",
-                                                  {"ids": self.d.array([int(chunk)])})
-                if chunk_state == "done":
-                    return "done"
-            return "in_doubt"
+            return "in_doubt" if chunk_expired else "running"
         if state == "done":
             return "done"
         if state == "running":
@@ -116,13 +123,15 @@ class EffectOps:
             existing = [k for k in ordered if k not in tokens]
             rows = (self.d.rows(c, "effect_lock_many", {**params, "keys": self.d.array(existing)})
                     if existing else [])
-            for key, *row in rows:
-                if row[1] != policy:
+            for key, _, stored, *_ in rows:
+                if stored != policy:
                     raise InvalidOption(
-                        f"effect {scope}:{key} is {row[1]}, not {policy}: one effect has one "
+                        f"effect {scope}:{key} is {stored}, not {policy}: one effect has one "
                         "policy (an at-most-once entry in doubt must never be redone by an "
                         "at-least-once caller)")
-                found[key] = self._found(row, policy, c)
+            chunks = self._chunks(c, [r[1:] for r in rows], policy)
+            for key, *row in rows:
+                found[key] = self._found(row, chunks)
             take = [k for k in existing if found.get(k) in ("new", "pending")
                     or (found.get(k) == "in_doubt" and policy == AT_LEAST_ONCE)]
             if take:
@@ -164,16 +173,18 @@ class EffectOps:
         marked = {k for k, state in out if state == "done"}
         released = {k for k, state in out if state == "pending"}
         result = together[0][2] if together else None
-        closed = self.d.rows(c, "effect_chunk_done", {"chunk": chunk, "result": result})
+        closed = self.d.rows(c, "effect_chunk_done", {"chunk": chunk, "scope": scope, "result": result})
         if together and closed:
-            held = {str(r[0]) for r in self.d.rows(c, "effect_chunk_keys", {"chunk": chunk})}
-            wanted = {k for k, _, _ in together}
+            held = {(str(k), int(t)) for k, t in
+                    self.d.rows(c, "effect_chunk_keys", {"chunk": chunk, "scope": scope})}
+            wanted = {(k, int(t)) for k, t, _ in together}
             if held - wanted:
-                # Every claimed key of a chunk ends done or failed: one that is neither
-                # would be marked done by the chunk without its effect confirmed.
+                # Every claimed key of a chunk ends done or failed: one that is neither (or
+                # a token that is not the claim's) would be marked done by the chunk
+                # without its effect confirmed. (Rolled back: the chunk goes in doubt.)
                 raise AssertionError(f"chunk {chunk} holds keys that were not finished: "
                                      f"{sorted(held - wanted)[:5]}")
-            marked |= held
+            marked |= {k for k, _ in held}
         return marked, released
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
@@ -204,7 +215,7 @@ class EffectOps:
                 rows = self.d.rows(c, "effect_resolve_lock", {"scope": scope, "keys": self.d.array(part)})
                 chunks = sorted({int(r[2]) for r in rows if r[2] is not None})
                 live = {}
-                if chunks:
+                if chunks:  # (a statement of its own after the lock: see _chunks)
                     live = {int(i): (st, exp) for i, st, exp in
                             self.d.rows(c, "effect_chunks_share", {"ids": self.d.array(chunks)})}
                 pick = []

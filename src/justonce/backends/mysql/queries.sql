@@ -681,13 +681,10 @@ ON DUPLICATE KEY UPDATE scope = scope;
 
 -- name: effect_lock
 -- "Check state": the entry's row lock, held until the claim's transaction ends, and the
--- state of the chunk of run_many that holds it, if one does (see the PostgreSQL file).
--- The chunk is read by subqueries: InnoDB locks the rows a locking read reads through a
--- join, not those its subqueries read.
-SELECT state, policy, token, (lease_expires_at <= NOW(6)) AS expired, chunk_id,
-       (SELECT c.state FROM justonce_effect_chunks c WHERE c.id = e.chunk_id),
-       (SELECT c.lease_expires_at <= NOW(6) FROM justonce_effect_chunks c WHERE c.id = e.chunk_id)
-  FROM justonce_effects e WHERE scope = %(scope)s AND `key` = %(key)s
+-- chunk of run_many that holds it, if one does, whose state effect_chunks_read reads next
+-- (see the PostgreSQL file).
+SELECT state, policy, token, (lease_expires_at <= NOW(6)) AS expired, chunk_id
+  FROM justonce_effects WHERE scope = %(scope)s AND `key` = %(key)s
    FOR UPDATE;
 
 -- name: effect_take
@@ -817,6 +814,12 @@ SELECT LAST_INSERT_ID();
 DELETE FROM justonce_effect_chunks WHERE id = %(chunk)s;
 SELECT 1;
 
+-- name: effect_chunks_read
+-- Chunks by id, read after the entries they hold are locked: (id, state, lease expired).
+SELECT c.id, c.state, (c.lease_expires_at <= NOW(6))
+  FROM JSON_TABLE(%(ids)s, '$[*]' COLUMNS (i BIGINT PATH '$')) AS d
+  STRAIGHT_JOIN justonce_effect_chunks c FORCE INDEX (PRIMARY) ON c.id = d.i;
+
 -- name: effect_chunks_share
 -- Chunks by id, share-locked in id order (after the entries they hold): an at-least-once
 -- claim of an entry in doubt, or an operator's verdict, keeps the chunk's finisher from
@@ -830,12 +833,14 @@ SELECT c.id, c.state, (c.lease_expires_at <= NOW(6))
 -- name: effect_chunk_done
 -- The chunk's done mark, with the result its entries share.
 UPDATE justonce_effect_chunks SET state = 'done', done_at = NOW(6), result = %(result)s
- WHERE id = %(chunk)s AND state = 'running';
+ WHERE id = %(chunk)s AND scope = %(scope)s AND state = 'running';
 SELECT 1;
 
 -- name: effect_chunk_keys
--- The entries a chunk still holds (none taken over by another claim or an operator).
-SELECT `key` FROM justonce_effects FORCE INDEX (justonce_effects_chunk) WHERE chunk_id = %(chunk)s;
+-- The entries a chunk still holds (none taken over by another claim or an operator), with
+-- their tokens.
+SELECT `key`, token FROM justonce_effects FORCE INDEX (justonce_effects_chunk)
+ WHERE chunk_id = %(chunk)s AND scope = %(scope)s;
 
 -- name: effect_claim_new_many
 -- The missing entries of the chunk, inserted already claimed (running, token 1) by it.
@@ -855,13 +860,13 @@ SELECT `key`, token FROM justonce_effects FORCE INDEX (justonce_effects_chunk)
 
 -- name: effect_lock_many
 -- "Check state": the chunk's entries locked in list order (READ COMMITTED releases the
--- lock of a row the WHERE then rejects), with the state of the chunk that holds each (read
--- by subqueries, not locked). Done entries are left out, and so are those of chunks that
--- are done (a key missing from the answer is done); those of another policy come back
--- anyway, so that the caller refuses.
-SELECT e.`key`, e.state, e.policy, e.token, (e.lease_expires_at <= NOW(6)) AS expired, e.chunk_id,
-       (SELECT c.state FROM justonce_effect_chunks c WHERE c.id = e.chunk_id),
-       (SELECT c.lease_expires_at <= NOW(6) FROM justonce_effect_chunks c WHERE c.id = e.chunk_id)
+-- lock of a row the WHERE then rejects), with the chunk that holds each (whose state
+-- effect_chunks_read reads next, in a statement of its own). Done entries are left out,
+-- and so are those of chunks that are done (read by a subquery: InnoDB does not lock what
+-- the subqueries of a locking read read, where a join would lock the chunk's row); a key
+-- missing from the answer is done. Those of another policy come back anyway, so that the
+-- caller refuses.
+SELECT e.`key`, e.state, e.policy, e.token, (e.lease_expires_at <= NOW(6)) AS expired, e.chunk_id
   FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
   STRAIGHT_JOIN justonce_effects e FORCE INDEX (PRIMARY) ON e.scope = %(scope)s AND e.`key` = d.k
  WHERE (e.state <> 'done' AND NOT EXISTS (SELECT 1 FROM justonce_effect_chunks x

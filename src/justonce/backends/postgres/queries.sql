@@ -712,14 +712,14 @@ ON CONFLICT (scope, key) DO NOTHING
 
 -- name: effect_lock
 -- "Check state": the entry's row lock, held until the claim's transaction ends, and the
--- state of the chunk of run_many that holds it, if one does (read, not locked). Such an
--- entry stays 'running' with no lease of its own: its state is its chunk's ('done' once
--- the chunk is marked done, else running until the chunk's lease, then in doubt).
-SELECT e.state, e.policy, e.token, (e.lease_expires_at <= now()) AS expired, e.chunk_id,
-       c.state, (c.lease_expires_at <= now())
-  FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
- WHERE e.scope = %(scope)s AND e.key = %(key)s
-   FOR UPDATE OF e
+-- chunk of run_many that holds it, if one does. Such an entry stays 'running' with no
+-- lease of its own: its state is its chunk's ('done' once the chunk is marked done, else
+-- running until the chunk's lease, then in doubt), read by effect_chunks_read once the
+-- entries are locked (a statement of its own: one that began before the lock's wait would
+-- not see a chunk committed during it).
+SELECT state, policy, token, (lease_expires_at <= now()) AS expired, chunk_id
+  FROM justonce_effects WHERE scope = %(scope)s AND key = %(key)s
+   FOR UPDATE
 
 -- name: effect_take
 -- "Change state": this caller's claim, with a new token (the entry leaves any chunk).
@@ -860,6 +860,11 @@ RETURNING id
 -- A chunk that claimed nothing.
 DELETE FROM justonce_effect_chunks WHERE id = %(chunk)s RETURNING id
 
+-- name: effect_chunks_read
+-- Chunks by id, read after the entries they hold are locked: (id, state, lease expired).
+SELECT id, state, (lease_expires_at <= now())
+  FROM justonce_effect_chunks WHERE id = ANY(%(ids)s::bigint[])
+
 -- name: effect_chunks_share
 -- Chunks by id, share-locked in id order (after the entries they hold): an at-least-once
 -- claim of an entry in doubt, or an operator's verdict, keeps the chunk's finisher from
@@ -872,12 +877,13 @@ SELECT id, state, (lease_expires_at <= now())
 -- name: effect_chunk_done
 -- The chunk's done mark, with the result its entries share.
 UPDATE justonce_effect_chunks SET state = 'done', done_at = now(), result = %(result)s::jsonb
- WHERE id = %(chunk)s AND state = 'running'
+ WHERE id = %(chunk)s AND scope = %(scope)s AND state = 'running'
 RETURNING 1
 
 -- name: effect_chunk_keys
--- The entries a chunk still holds (none taken over by another claim or an operator).
-SELECT key FROM justonce_effects WHERE chunk_id = %(chunk)s
+-- The entries a chunk still holds (none taken over by another claim or an operator), with
+-- their tokens.
+SELECT key, token FROM justonce_effects WHERE chunk_id = %(chunk)s AND scope = %(scope)s
 
 -- name: effect_claim_new_many
 -- The missing entries of the chunk, inserted already claimed (running, token 1) by it in
@@ -894,15 +900,14 @@ ON CONFLICT (scope, key) DO NOTHING
 RETURNING key, token
 
 -- name: effect_lock_many
--- "Check state": the chunk's entries locked in list order, with the state of the chunk
--- that holds each (read, not locked). Done entries are left out, and so are those of
--- chunks that are done (a key missing from the answer is done), so a re-run over a
--- finished scope locks nothing and dirties no page; those of another policy come back
--- anyway, so that the caller refuses the chunk. A row that changed while this waited for
--- its lock is re-read and re-checked (READ COMMITTED): the state seen is the one the lock
--- protects.
-SELECT e.key, e.state, e.policy, e.token, e.expired, e.chunk_id, c.state,
-       (c.lease_expires_at <= now())
+-- "Check state": the chunk's entries locked in list order, with the chunk that holds each
+-- (whose state effect_chunks_read reads next, in a statement of its own). Done entries
+-- are left out, and so are those of chunks that are done (a key missing from the answer
+-- is done), so a re-run over a finished scope locks nothing and dirties no page; those of
+-- another policy come back anyway, so that the caller refuses the chunk. A row that
+-- changed while this waited for its lock is re-read and re-checked (READ COMMITTED): the
+-- state seen is the one the lock protects.
+SELECT e.key, e.state, e.policy, e.token, e.expired, e.chunk_id
   FROM unnest(%(keys)s::text[]) AS k(key)
  CROSS JOIN LATERAL (
         SELECT key, state, policy, token, (lease_expires_at <= now()) AS expired, chunk_id
@@ -914,7 +919,6 @@ SELECT e.key, e.state, e.policy, e.token, e.expired, e.chunk_id, c.state,
                 OR policy <> %(policy)s)
         OFFSET 0
            FOR UPDATE) AS e
-  LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
 
 -- name: effect_take_many
 -- "Change state": the claimable keys of the chunk (locked by this transaction already),

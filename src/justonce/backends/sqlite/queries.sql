@@ -394,12 +394,10 @@ VALUES (:scope, :key, 'pending', :policy, NOW(), NOW())
 ON CONFLICT (scope, key) DO NOTHING
 
 -- name: effect_lock
--- The entry and, when a chunk of run_many holds it, that chunk's state (the entry's state
--- is then the chunk's: see the PostgreSQL file).
-SELECT e.state, e.policy, e.token, (e.lease_expires_at <= NOW()) AS expired, e.chunk_id,
-       c.state, (c.lease_expires_at <= NOW())
-  FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
- WHERE e.scope = :scope AND e.key = :key
+-- The entry and the chunk of run_many that holds it, if one does (the entry's state is
+-- then the chunk's: see the PostgreSQL file).
+SELECT state, policy, token, (lease_expires_at <= NOW()) AS expired, chunk_id
+  FROM justonce_effects WHERE scope = :scope AND key = :key
 
 -- name: effect_take
 UPDATE justonce_effects
@@ -515,6 +513,11 @@ RETURNING id
 -- A chunk that claimed nothing.
 DELETE FROM justonce_effect_chunks WHERE id = :chunk RETURNING id
 
+-- name: effect_chunks_read
+-- Chunks by id: (id, state, lease expired).
+SELECT id, state, (lease_expires_at <= NOW())
+  FROM justonce_effect_chunks WHERE id IN (SELECT value FROM json_each(:ids))
+
 -- name: effect_chunks_share
 -- Chunks by id (their share lock, on the other dialects): (id, state, lease expired).
 SELECT id, state, (lease_expires_at <= NOW())
@@ -523,12 +526,13 @@ SELECT id, state, (lease_expires_at <= NOW())
 -- name: effect_chunk_done
 -- The chunk's done mark, with the result its entries share.
 UPDATE justonce_effect_chunks SET state = 'done', done_at = NOW(), result = :result
- WHERE id = :chunk AND state = 'running'
+ WHERE id = :chunk AND scope = :scope AND state = 'running'
 RETURNING 1
 
 -- name: effect_chunk_keys
--- The entries a chunk still holds (none taken over by another claim or an operator).
-SELECT key FROM justonce_effects WHERE chunk_id = :chunk
+-- The entries a chunk still holds (none taken over by another claim or an operator), with
+-- their tokens.
+SELECT key, token FROM justonce_effects WHERE chunk_id = :chunk AND scope = :scope
 
 -- name: effect_claim_new_many
 -- The missing entries of the chunk, inserted already claimed (running, token 1) by it, in
@@ -542,12 +546,11 @@ ON CONFLICT (scope, key) DO NOTHING
 RETURNING key, token
 
 -- name: effect_lock_many
--- "Check state" for the chunk, as effect_lock reads it. Done entries are left out (a key
+-- "Check state" for the chunk, as effect_lock reads it (then effect_chunks_read). Done entries are left out (a key
 -- missing from the answer is done), and so are those of chunks that are done: a re-run
 -- over a finished scope then reads rather than locks on every dialect; those of another
 -- policy come back anyway, so that the caller refuses the chunk.
-SELECT e.key, e.state, e.policy, e.token, (e.lease_expires_at <= NOW()), e.chunk_id,
-       c.state, (c.lease_expires_at <= NOW())
+SELECT e.key, e.state, e.policy, e.token, (e.lease_expires_at <= NOW()), e.chunk_id
   FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
  WHERE e.scope = :scope AND e.key IN (SELECT value FROM json_each(:keys))
    AND ((e.state <> 'done' AND COALESCE(c.state, '') <> 'done') OR e.policy <> :policy)
