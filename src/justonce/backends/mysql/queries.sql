@@ -734,13 +734,18 @@ SELECT e.`key`
   FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
   STRAIGHT_JOIN justonce_effects e FORCE INDEX (PRIMARY) ON e.scope = %(scope)s AND e.`key` = d.k;
 
--- name: effect_get
-SELECT e.scope, e.`key`, IF(c.state = 'done', 'done', e.state), e.policy, e.token, e.owner,
+-- name: effect_columns
+-- (A fragment of effect_get and effects_list: an entry as its chunk makes it, e the entry,
+-- c its chunk or NULLs.)
+e.scope, e.`key`, IF(c.state = 'done', 'done', e.state), e.policy, e.token, e.owner,
        e.attempts, IF(c.state = 'done', NULL, COALESCE(e.lease_expires_at, c.lease_expires_at)),
        e.last_error, COALESCE(e.result, c.result), e.created_at, COALESCE(c.done_at, e.updated_at),
        COALESCE(e.done_at, c.done_at),
        (e.state = 'running' AND NOT (c.state <=> 'done')
         AND COALESCE(e.lease_expires_at, c.lease_expires_at) <= NOW(6))
+
+-- name: effect_get
+SELECT {{effect_columns}}
   FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
  WHERE e.scope = %(scope)s AND e.`key` = %(key)s;
 
@@ -767,12 +772,7 @@ SELECT * FROM (
 -- A page of a scope by key: the keys after %(after)s ('' when it is NULL: every key is
 -- non-empty), a range of the primary key, so a page deep in a big scope costs what the
 -- first one does (an `IS NULL OR key >` form left SQLite filtering the whole scope).
-SELECT e.scope, e.`key`, IF(c.state = 'done', 'done', e.state), e.policy, e.token, e.owner,
-       e.attempts, IF(c.state = 'done', NULL, COALESCE(e.lease_expires_at, c.lease_expires_at)),
-       e.last_error, COALESCE(e.result, c.result), e.created_at, COALESCE(c.done_at, e.updated_at),
-       COALESCE(e.done_at, c.done_at),
-       (e.state = 'running' AND NOT (c.state <=> 'done')
-        AND COALESCE(e.lease_expires_at, c.lease_expires_at) <= NOW(6))
+SELECT {{effect_columns}}
   FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
  WHERE e.scope = %(scope)s
    AND (%(state)s IS NULL OR IF(c.state = 'done', 'done', e.state) = %(state)s)

@@ -771,14 +771,19 @@ UPDATE justonce_effects
                               OFFSET 0) AS e))
 RETURNING key
 
--- name: effect_get
-SELECT e.scope, e.key, CASE WHEN c.state = 'done' THEN 'done' ELSE e.state END, e.policy,
+-- name: effect_columns
+-- (A fragment of effect_get and effects_list: an entry as its chunk makes it, e the entry,
+-- c its chunk or NULLs.)
+e.scope, e.key, CASE WHEN c.state = 'done' THEN 'done' ELSE e.state END, e.policy,
        e.token, e.owner, e.attempts,
        CASE WHEN c.state = 'done' THEN NULL ELSE COALESCE(e.lease_expires_at, c.lease_expires_at) END,
        e.last_error, COALESCE(e.result, c.result), e.created_at, COALESCE(c.done_at, e.updated_at),
        COALESCE(e.done_at, c.done_at),
        (e.state = 'running' AND c.state IS DISTINCT FROM 'done'
         AND COALESCE(e.lease_expires_at, c.lease_expires_at) <= now())
+
+-- name: effect_get
+SELECT {{effect_columns}}
   FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
  WHERE e.scope = %(scope)s AND e.key = %(key)s
 
@@ -805,13 +810,7 @@ SELECT * FROM (
 -- A page of a scope by key: the keys after %(after)s ('' when it is NULL: every key is
 -- non-empty), a range of the primary key, so a page deep in a big scope costs what the
 -- first one does (an `IS NULL OR key >` form left SQLite filtering the whole scope).
-SELECT e.scope, e.key, CASE WHEN c.state = 'done' THEN 'done' ELSE e.state END, e.policy,
-       e.token, e.owner, e.attempts,
-       CASE WHEN c.state = 'done' THEN NULL ELSE COALESCE(e.lease_expires_at, c.lease_expires_at) END,
-       e.last_error, COALESCE(e.result, c.result), e.created_at, COALESCE(c.done_at, e.updated_at),
-       COALESCE(e.done_at, c.done_at),
-       (e.state = 'running' AND c.state IS DISTINCT FROM 'done'
-        AND COALESCE(e.lease_expires_at, c.lease_expires_at) <= now())
+SELECT {{effect_columns}}
   FROM justonce_effects e LEFT JOIN justonce_effect_chunks c ON c.id = e.chunk_id
  WHERE e.scope = %(scope)s
    AND (%(state)s::text IS NULL OR (CASE WHEN c.state = 'done' THEN 'done' ELSE e.state END) = %(state)s)
