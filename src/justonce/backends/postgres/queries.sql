@@ -902,10 +902,11 @@ RETURNING key, token
 -- "Check state": the chunk's entries locked in list order, with the chunk that holds each
 -- (whose state effect_chunks_read reads next, in a statement of its own). Done entries
 -- are left out, and so are those of chunks that are done (a key missing from the answer
--- is done), so a re-run over a finished scope locks nothing and dirties no page; those of
--- another policy come back anyway, so that the caller refuses the chunk. A row that
--- changed while this waited for its lock is re-read and re-checked (READ COMMITTED): the
--- state seen is the one the lock protects.
+-- is done), so a re-run over a finished scope locks no entry and dirties no page of
+-- them (only the chunk row it opened, dropped again); those of another policy come back
+-- anyway, so that the caller refuses the chunk. A row that changed while this waited for
+-- its lock is re-read and re-checked (READ COMMITTED): the state seen is the one the lock
+-- protects.
 SELECT e.key, e.state, e.policy, e.token, e.expired, e.chunk_id
   FROM unnest(%(keys)s::text[]) AS k(key)
  CROSS JOIN LATERAL (
