@@ -85,7 +85,7 @@ def test_dialect_only_statements_are_used_by_their_dialect_alone() -> None:
 
 # -- result columns: every dialect's statement returns as many columns as PostgreSQL's -----------
 
-FRAGMENTS = {"claim_lease", "claim_returning", "job_filter", "match_cancel", "match_retry"}
+FRAGMENTS = {"claim_lease", "claim_returning", "effect_columns", "job_filter", "match_cancel", "match_retry"}
 SAMPLES: dict[str, Any] = {
     "id": 1, "ids": [1], "tokens": [1], "results": [None], "notes": [None], "queue": "q",
     "queues": ["q"], "task": "t", "args": "[]", "kwargs": "{}", "priority": 0, "delay": 0.0,
