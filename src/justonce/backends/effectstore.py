@@ -27,7 +27,7 @@ entry is done, or after, and finds it gone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import InvalidOption
@@ -62,28 +62,26 @@ class EffectOps:
                 raise InvalidOption(
                     f"effect {scope}:{key} is {stored}, not {policy}: one effect has one policy "
                     "(an at-most-once entry in doubt must never be redone by an at-least-once caller)")
-            found = self._found(row, self._chunks(c, [row], policy))
+            found = self._found(row, self._chunks(c, _holders([row]), policy == AT_LEAST_ONCE))
             if found in ("done", "running") or (found == "in_doubt" and policy == AT_MOST_ONCE):
                 return found, None
             return found, int(self.d.rows(c, "effect_take", params)[0][0])
 
         return self.d.locked_tx(conn, lock_timeout, run)
 
-    def _chunks(self, c: Any, rows: Sequence[Sequence[Any]],
-                policy: str) -> dict[int, tuple[str, bool]]:
-        """The state and lease of the chunks that hold the locked entries ``rows``
-        (state, policy, token, expired, chunk_id), read by a statement of its own after
-        the lock (one that began before the lock's wait would not see a chunk committed
-        during it, and would take the entry for one whose chunk is gone). Under at least
-        once they are share-locked: a claim may take an entry in doubt from its chunk, and
-        the chunk's finisher must then come after it (and find the entry gone) or before
-        (and the entry is done)."""
-        ids = sorted({int(r[4]) for r in rows if r[4] is not None and r[0] == "running"})
+    def _chunks(self, c: Any, ids: set[int], share: bool) -> dict[int, tuple[str, bool]]:
+        """(state, lease expired) of the chunks ``ids`` that hold entries this transaction
+        has locked, read by a statement of its own after the lock (one that began before
+        the lock's wait would not see a chunk committed during it, and would take the
+        entry for one whose chunk is gone). ``share``: share-locked, where an entry in
+        doubt may be taken from its chunk (an at-least-once claim, an operator's verdict):
+        the chunk's finisher must then come after (and find the entry gone) or before (and
+        the entry is done)."""
         if not ids:
             return {}
-        name = "effect_chunks_share" if policy == AT_LEAST_ONCE else "effect_chunks_read"
-        return {int(i): (str(state), bool(expired))
-                for i, state, expired in self.d.rows(c, name, {"ids": self.d.array(ids)})}
+        name = "effect_chunks_share" if share else "effect_chunks_read"
+        return {int(i): (str(state), bool(expired)) for i, state, expired in
+                self.d.rows(c, name, {"ids": self.d.array(sorted(ids))})}
 
     @staticmethod
     def _found(row: Sequence[Any], chunks: dict[int, tuple[str, bool]]) -> str:
@@ -129,7 +127,7 @@ class EffectOps:
                         f"effect {scope}:{key} is {stored}, not {policy}: one effect has one "
                         "policy (an at-most-once entry in doubt must never be redone by an "
                         "at-least-once caller)")
-            chunks = self._chunks(c, [r[1:] for r in rows], policy)
+            chunks = self._chunks(c, _holders(r[1:] for r in rows), policy == AT_LEAST_ONCE)
             for key, *row in rows:
                 found[key] = self._found(row, chunks)
             take = [k for k in existing if found.get(k) in ("new", "pending")
@@ -159,16 +157,15 @@ class EffectOps:
         Rows are locked entries first, then the chunk, as every claim does."""
         if not done and not failed:
             return set(), set()
-        results = {r for _, _, r in done}
-        if len(results) > 1:
-            rows = sorted([(k, t, r, None) for k, t, r in done] + [(k, t, None, e) for k, t, e in failed])
-            return self.d.tx(conn, lambda c: self._finish_each(c, scope, chunk, rows, None))
-        rows = sorted((k, t, None, e) for k, t, e in failed)
-        return self.d.tx(conn, lambda c: self._finish_each(c, scope, chunk, rows, done))
+        # The done claims the chunk's row marks together (all of them, when they share one
+        # result); the rest are marked on their own entries.
+        together = done if len({r for _, _, r in done}) <= 1 else []
+        each = [(k, t, r, None) for k, t, r in done if not together] + [(k, t, None, e) for k, t, e in failed]
+        return self.d.tx(conn, lambda c: self._finish(c, scope, chunk, sorted(each), together))
 
-    def _finish_each(self, c: Any, scope: str, chunk: int,
-                     rows: Sequence[tuple[str, int, str | None, str | None]],
-                     together: Sequence[tuple[str, int, str | None]] | None) -> tuple[set[str], set[str]]:
+    def _finish(self, c: Any, scope: str, chunk: int,
+                rows: Sequence[tuple[str, int, str | None, str | None]],
+                together: Sequence[tuple[str, int, str | None]]) -> tuple[set[str], set[str]]:
         out = self.d.finish_effects(c, scope, chunk, rows) if rows else []
         marked = {k for k, state in out if state == "done"}
         released = {k for k, state in out if state == "pending"}
@@ -213,11 +210,7 @@ class EffectOps:
 
             def run(c: Any, part: list[str] = part) -> list[str]:
                 rows = self.d.rows(c, "effect_resolve_lock", {"scope": scope, "keys": self.d.array(part)})
-                chunks = sorted({int(r[2]) for r in rows if r[2] is not None})
-                live = {}
-                if chunks:  # (a statement of its own after the lock: see _chunks)
-                    live = {int(i): (st, exp) for i, st, exp in
-                            self.d.rows(c, "effect_chunks_share", {"ids": self.d.array(chunks)})}
+                live = self._chunks(c, {int(r[2]) for r in rows if r[2] is not None}, share=True)
                 pick = []
                 for key, expired, chunk in rows:
                     if chunk is not None:
@@ -263,3 +256,9 @@ class EffectOps:
             created_at=self.d.time(r[10]), updated_at=self.d.time(r[11]),  # type: ignore[arg-type]
             done_at=self.d.time(r[12]),
         )
+
+
+def _holders(rows: Iterable[Sequence[Any]]) -> set[int]:
+    """The chunks that hold the running entries among locked ``rows`` (state, policy, token,
+    expired, chunk_id)."""
+    return {int(r[4]) for r in rows if r[4] is not None and r[0] == "running"}
