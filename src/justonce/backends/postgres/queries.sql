@@ -881,8 +881,14 @@ RETURNING 1
 
 -- name: effect_chunk_keys
 -- The entries a chunk still holds (none taken over by another claim or an operator), with
--- their tokens.
-SELECT key, token FROM justonce_effects WHERE chunk_id = %(chunk)s AND scope = %(scope)s
+-- their tokens. Read by the chunk's index alone (the subquery, which OFFSET 0 keeps from
+-- being flattened, then the scope): given `chunk_id = %(chunk)s AND scope = %(scope)s`,
+-- on a table not analyzed since the scope grew, the planner ANDed both indexes and read
+-- every entry of the scope for each chunk (15 ms for a chunk of 500 in a scope of
+-- 100,000, against 0.4 ms; a Push's finish time grew with its list).
+SELECT key, token
+  FROM (SELECT key, token, scope FROM justonce_effects WHERE chunk_id = %(chunk)s OFFSET 0) AS e
+ WHERE scope = %(scope)s
 
 -- name: effect_claim_new_many
 -- The missing entries of the chunk, inserted already claimed (running, token 1) by it in
