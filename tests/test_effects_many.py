@@ -190,6 +190,24 @@ def test_a_chunk_done_reads_as_done_on_each_entry_everywhere(app: App) -> None:
     assert app.effects.counts("c3") == {"done": 3}
 
 
+def test_a_chunk_is_marked_done_only_when_every_key_it_holds_returned(app: App) -> None:
+    """The chunk's one done mark stands for every entry it still holds: a finish that
+    leaves a claimed key neither done nor failed (a bug in a caller of the backend) must
+    not mark it done with the others. The finish refuses, nothing is marked, and the
+    chunk's entries stay running (then in doubt, when its lease runs out). With all keys
+    returned, the count the finish checks instead of reading the keys back matches."""
+    backend = app.backend
+    chunk, claims = backend.effect_claim_many("g", ["a", "b", "c"], AT_MOST_ONCE, "o", 60.0, 5.0)
+    tokens = {k: t for k, _, t in claims}
+    with pytest.raises(AssertionError, match="not finished"):
+        backend.effect_finish_many("g", chunk, [("a", tokens["a"], None), ("b", tokens["b"], None)], [])
+    assert states(app, "g") == {"a": "running", "b": "running", "c": "running"}
+    # Released c, then the rest together: marked exactly a and b.
+    done = [("a", tokens["a"], None), ("b", tokens["b"], None)]
+    assert backend.effect_finish_many("g", chunk, done, [("c", tokens["c"], "boom")]) == ({"a", "b"}, {"c"})
+    assert states(app, "g") == {"a": "done", "b": "done", "c": "pending"}
+
+
 def test_a_stale_or_forged_token_moves_no_entry_that_a_chunk_holds(app: App) -> None:
     """A chunk's entries are marked by their chunk, not by a token: a single claim's done or
     release carrying an entry's token (stale, or forged from what get() shows) changes

@@ -842,6 +842,11 @@ SELECT 1;
 SELECT `key`, token FROM justonce_effects FORCE INDEX (justonce_effects_chunk)
  WHERE chunk_id = %(chunk)s AND scope = %(scope)s;
 
+-- name: effect_chunk_held
+-- How many entries a chunk still holds (the chunk's index alone: it holds the primary key).
+SELECT COUNT(*) FROM justonce_effects FORCE INDEX (justonce_effects_chunk)
+ WHERE chunk_id = %(chunk)s AND scope = %(scope)s;
+
 -- name: effect_claim_new_many
 -- The missing entries of the chunk, inserted already claimed (running, token 1) by it.
 -- Existing ones are filtered out by a plain read (READ COMMITTED: INSERT ... SELECT reads

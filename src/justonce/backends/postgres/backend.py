@@ -111,7 +111,7 @@ PLANNED_EACH_TIME = frozenset({
     # The effect ledger's bulk statements: a chunk of keys.
     "effect_claim_new_many", "effect_lock_many", "effect_take_many", "effect_finish_many",
     "effect_resolve_lock", "effect_resolve_set", "effect_chunks_read", "effect_chunks_share",
-    "effect_chunk_keys",
+    "effect_chunk_keys", "effect_chunk_held",
     # Batch acks: the batches an ack finishes, and which of them still wait.
     "batch_lock", "batch_pending",
     # The metrics scrape's queue heads; the retry of dead and cancelled jobs by filter.

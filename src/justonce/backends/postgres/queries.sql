@@ -890,6 +890,12 @@ SELECT key, token
   FROM (SELECT key, token, scope FROM justonce_effects WHERE chunk_id = %(chunk)s OFFSET 0) AS e
  WHERE scope = %(scope)s
 
+-- name: effect_chunk_held
+-- How many entries a chunk still holds (by its index alone, as effect_chunk_keys).
+SELECT count(*)
+  FROM (SELECT scope FROM justonce_effects WHERE chunk_id = %(chunk)s OFFSET 0) AS e
+ WHERE scope = %(scope)s
+
 -- name: effect_claim_new_many
 -- The missing entries of the chunk, inserted already claimed (running, token 1) by it in
 -- list order: a Push's first pass over its list makes and claims each entry with one tuple

@@ -533,6 +533,10 @@ RETURNING 1
 -- their tokens.
 SELECT key, token FROM justonce_effects WHERE chunk_id = :chunk AND scope = :scope
 
+-- name: effect_chunk_held
+-- How many entries a chunk still holds.
+SELECT count(*) FROM justonce_effects WHERE chunk_id = :chunk AND scope = :scope
+
 -- name: effect_claim_new_many
 -- The missing entries of the chunk, inserted already claimed (running, token 1) by it, in
 -- one statement; returns the keys inserted (the others exist and go through lock and take).
