@@ -202,9 +202,23 @@ def test_a_chunk_is_marked_done_only_when_every_key_it_holds_returned(app: App) 
     with pytest.raises(AssertionError, match="not finished"):
         backend.effect_finish_many("g", chunk, [("a", tokens["a"], None), ("b", tokens["b"], None)], [])
     assert states(app, "g") == {"a": "running", "b": "running", "c": "running"}
-    # Released c, then the rest together: marked exactly a and b.
-    done = [("a", tokens["a"], None), ("b", tokens["b"], None)]
-    assert backend.effect_finish_many("g", chunk, done, [("c", tokens["c"], "boom")]) == ({"a", "b"}, {"c"})
+    # Each marked by itself (results differ), c left out: refused too.
+    with pytest.raises(AssertionError, match="not finished"):
+        backend.effect_finish_many("g", chunk, [("a", tokens["a"], '"x"'), ("b", tokens["b"], '"y"')], [])
+    with pytest.raises(AssertionError, match="twice"):
+        backend.effect_finish_many("g", chunk, [("a", tokens["a"], None)] * 2 + [("b", tokens["b"], None)], [])
+    assert states(app, "g") == {"a": "running", "b": "running", "c": "running"}
+    # Released c, then the rest together: marked exactly a and b, by the count alone (the
+    # chunk's keys are not read back).
+    read: list[str] = []
+    rows = backend.d.rows
+    backend.d.rows = lambda c, name, params: read.append(name) or rows(c, name, params)  # type: ignore[method-assign]
+    try:
+        done = [("a", tokens["a"], None), ("b", tokens["b"], None)]
+        assert backend.effect_finish_many("g", chunk, done, [("c", tokens["c"], "boom")]) == ({"a", "b"}, {"c"})
+    finally:
+        del backend.d.rows
+    assert "effect_chunk_held" in read and "effect_chunk_keys" not in read
     assert states(app, "g") == {"a": "done", "b": "done", "c": "pending"}
 
 

@@ -154,9 +154,16 @@ class EffectOps:
         When every done key returned the same result, the chunk's own row is marked done
         (one row, whatever the chunk's size) and its entries follow it; the failed ones are
         released first, each on its own entry. Otherwise each entry is marked by itself.
-        Rows are locked entries first, then the chunk, as every claim does."""
+        Rows are locked entries first, then the chunk, as every claim does.
+
+        Every key the chunk claimed must come back once, in ``done`` or in ``failed``
+        (run_many's chunks do): a key left out would be marked done by the chunk's row
+        with the others; the finish refuses (AssertionError) when the chunk still holds a
+        key it was not given."""
         if not done and not failed:
             return set(), set()
+        if len({k for k, _, _ in done} | {k for k, _, _ in failed}) != len(done) + len(failed):
+            raise AssertionError(f"chunk {chunk}: a key finished twice")
         # The done claims the chunk's row marks together (all of them, when they share one
         # result); the rest are marked on their own entries.
         together = done if len({r for _, _, r in done}) <= 1 else []
@@ -171,13 +178,14 @@ class EffectOps:
         released = {k for k, state in out if state == "pending"}
         result = together[0][2] if together else None
         closed = self.d.rows(c, "effect_chunk_done", {"chunk": chunk, "scope": scope, "result": result})
-        if together and closed:
+        if closed:
             # The chunk holds a subset of the keys it claimed: entries join a chunk only in
-            # its claim, and every change of one entry since (a release above, a take-over,
-            # a verdict) takes it out. The failed ones left above, so if it holds as many
-            # entries as returned, it holds exactly those, with the claim's tokens: a count
-            # says so without reading 500 keys back (on MariaDB, PyMySQL's parse of them
-            # was 5 us a key of the worker's time). Otherwise the keys say which.
+            # its claim, and every change of one entry since (a release or a mark above, a
+            # take-over, a verdict) takes it out. Those marked on their own entries left
+            # above, so if it holds as many entries as the done mark is for (none, when
+            # each was marked by itself), it holds exactly those, with the claim's tokens:
+            # a count says so without reading 500 keys back (on MariaDB, PyMySQL's parse
+            # of them was 5 us a key of the worker's time). Otherwise the keys say which.
             args = {"chunk": chunk, "scope": scope}
             if int(self.d.rows(c, "effect_chunk_held", args)[0][0]) == len(together):
                 marked |= {k for k, _, _ in together}
