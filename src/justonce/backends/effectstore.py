@@ -158,8 +158,10 @@ class EffectOps:
 
         Every key the chunk claimed must come back once, in ``done`` or in ``failed``
         (run_many's chunks do): a key left out would be marked done by the chunk's row
-        with the others; the finish refuses (AssertionError) when the chunk still holds a
-        key it was not given."""
+        with the others. The finish refuses (AssertionError) a key given twice, and a
+        chunk that still holds more entries than the done mark is for; it cannot tell a
+        key left out while another was taken over meanwhile (the count matches), which
+        is why the contract is the caller's."""
         if not done and not failed:
             return set(), set()
         if len({k for k, _, _ in done} | {k for k, _, _ in failed}) != len(done) + len(failed):
