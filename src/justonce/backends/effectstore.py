@@ -230,15 +230,11 @@ class EffectOps:
             def run(c: Any, part: list[str] = part) -> list[str]:
                 rows = self.d.rows(c, "effect_resolve_lock", {"scope": scope, "keys": self.d.array(part)})
                 live = self._chunks(c, {int(r[2]) for r in rows if r[2] is not None}, share=True)
-                pick = []
-                for key, expired, chunk in rows:
-                    if chunk is not None:
-                        # (a chunk whose row was deleted holds it in doubt: resolvable)
-                        chunk_state, expired = live.get(int(chunk), ("running", True))
-                        if chunk_state == "done":
-                            continue
-                    if force or expired:
-                        pick.append(str(key))
+                # Each running entry read as a claim reads it (through its chunk, if one
+                # holds it): in doubt is resolvable, running only with force, done never.
+                found = {str(key): self._found(("running", None, None, expired, chunk), live)
+                         for key, expired, chunk in rows}
+                pick = [k for k, f in found.items() if f == "in_doubt" or (force and f == "running")]
                 if not pick:
                     return []
                 params = {"scope": scope, "keys": self.d.array(pick), "state": state, "note": note}
