@@ -67,9 +67,10 @@ def _mysql_connection_class() -> Any:
     return _mysql_class
 
 
-def ledger_connect(url: str) -> Any:
+def ledger_connect(url: str, client_flag: int = 0) -> Any:
     """A new autocommit connection to the database of ``url`` (a justonce URL). On MySQL in
-    UTC and READ COMMITTED, the settings justonce asks of a caller's connection."""
+    UTC and READ COMMITTED, the settings justonce asks of a caller's connection, with
+    PyMySQL's ``client_flag`` (CLIENT_FOUND_ROWS, say) added."""
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
         path = url.split("?", 1)[0][len("sqlite:///"):]
@@ -81,7 +82,7 @@ def ledger_connect(url: str) -> Any:
 
         kwargs, _ = parse_mysql_url(url)  # (no TLS unless ?ssl=1: see the backend)
         conn = _mysql_connection_class()(**kwargs, autocommit=True, charset="utf8mb4",
-                                         connect_timeout=10)
+                                         connect_timeout=10, client_flag=client_flag)
         conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         conn.execute("SET time_zone = '+00:00'")
         return conn

@@ -403,6 +403,32 @@ def test_run_many_on_the_callers_connection_commits_or_rolls_back_with_it(app: A
         conn.close()
 
 
+@pytest.mark.parametrize("found_rows", [False, True], ids=["rows-changed", "rows-found"])
+def test_a_chunk_of_new_and_existing_keys_claims_exactly_the_new_and_the_claimable(
+        app: App, db_url: str, found_rows: bool) -> None:
+    """The claim inserts the new keys claimed and tells them from the existing ones by its
+    insert's count (all new, none new) or else by the keys its chunk does not hold; on MySQL
+    a caller's connection that counts rows found (CLIENT_FOUND_ROWS) must not be trusted
+    with the count, and goes the second way every time."""
+    if found_rows and not db_url.startswith(("mysql", "mariadb")):
+        pytest.skip("CLIENT_FOUND_ROWS is a MySQL connection flag")
+    from pymysql.constants import CLIENT
+
+    app.effects.run("push", 3, lambda idem: "before")                  # done
+    app.effects.claim("push", 5, lease=60)                             # running, live lease
+    assert app.effects.claim("push", 6, lease=60).release()            # pending: claimable
+    conn = proc_app.ledger_connect(db_url, client_flag=CLIENT.FOUND_ROWS if found_rows else 0)
+    calls: list[str] = []
+    try:
+        with proc_app._Tx(conn) as c:
+            for keys in ([10, 11, 12], [3, 5], range(9)):  # all new, none new, a mix
+                app.effects.run_many("push", keys, lambda idem: calls.append(idem), conn=c)
+    finally:
+        conn.close()
+    assert sorted(calls) == sorted(f"push:{k}" for k in (10, 11, 12, 0, 1, 2, 4, 6, 7, 8))
+    assert app.effects.counts("push") == {"done": 11, "running": 1}
+
+
 def test_a_chunk_whose_entry_stays_locked_times_out_and_claims_nothing(app: App, db_url: str) -> None:
     conn = proc_app.ledger_connect(db_url)
     try:

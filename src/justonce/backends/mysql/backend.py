@@ -680,22 +680,25 @@ class MySQLDialect(Dialect):
             return int(cur.rowcount)
 
     def claim_new_effects(self, c: pymysql.Connection, params: dict[str, Any], n: int) -> list[Any]:
-        # The insert's count says how many keys were new: all of them (a bulk run's first
-        # pass) means every key was inserted claimed with token 1, and the read-back of the
-        # block is not needed. Not where the connection counts rows found rather than
-        # changed (CLIENT_FOUND_ROWS: a key inserted meanwhile would count too).
-        insert, read_back = STATEMENTS["effect_claim_new_many"]
-        if c.client_flag & CLIENT.FOUND_ROWS:
-            return self._run(c, "effect_claim_new_many", params)
+        # Every key inserted was inserted claimed with token 1, by this chunk. The insert's
+        # count says how many keys were new: all of them (a bulk run's first pass) or none
+        # (a re-run over entries that all exist) needs no second look. Otherwise the keys
+        # the chunk does not hold are read (the few that existed), not the ones it does.
+        # The count is trusted only where the connection counts rows changed rather than
+        # found (no CLIENT_FOUND_ROWS: a key inserted meanwhile would count too).
+        insert, others = STATEMENTS["effect_claim_new_many"]
         args = {k: _param(v) for k, v in params.items()}
+        keys: list[str] = json.loads(args["keys"])
         inserted = self._count(c, [insert], args)
-        if inserted == n:
-            return [(k, 1) for k in json.loads(args["keys"])]
-        if inserted == 0:  # (a re-run over entries that all exist)
-            return []
+        if not c.client_flag & CLIENT.FOUND_ROWS:
+            if inserted == n:
+                return [(k, 1) for k in keys]
+            if inserted == 0:
+                return []
         with c.cursor() as cur:
-            cur.execute(read_back, args)
-            return list(cur.fetchall())
+            cur.execute(others, args)
+            there = {str(r[0]) for r in cur.fetchall()}
+        return [(k, 1) for k in keys if k not in there]
 
     # -- bulk inserts ----------------------------------------------------------------------------------
     def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
