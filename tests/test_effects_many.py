@@ -429,6 +429,71 @@ def test_a_chunk_of_new_and_existing_keys_claims_exactly_the_new_and_the_claimab
     assert app.effects.counts("push") == {"done": 11, "running": 1}
 
 
+def test_the_in_doubt_index_holds_only_entries_with_a_lease_of_their_own(app: App, db_url: str) -> None:
+    """An entry a chunk holds has no lease of its own (the chunk's is its lease), and keeps
+    state 'running' after its chunk is done: the partial index the in-doubt listing reads
+    leaves such entries out (schema v9), so a bulk run writes no entry of it per key, and
+    the listing still finds both kinds of entry in doubt."""
+    if db_url.startswith(("mysql", "mariadb")):
+        pytest.skip("MySQL has no partial indexes: its in-doubt index holds every entry")
+    app.effects.run_many("bulk", range(3000), lambda idem: None)        # 3,000 held by done chunks
+    app.effects.claim("one", 1, lease=0.05)                            # a lease of its own
+    chunk, _ = app.backend.effect_claim_many("late", ["a", "b"], AT_MOST_ONCE, "gone", 0.05, 5.0)
+    time.sleep(0.1)                                                    # both in doubt now
+    assert sorted(f"{e.scope}:{e.key}" for e in app.effects.in_doubt()) == ["late:a", "late:b", "one:1"]
+    assert app.effects.counts("bulk") == {"done": 3000}
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        if db_url.startswith("sqlite"):
+            cells = conn.execute("SELECT sum(ncell) FROM dbstat WHERE name = 'justonce_effects_running' "
+                                 "AND pagetype = 'leaf'").fetchone()[0]
+            assert cells == 1  # one:1 alone
+        else:
+            size = conn.execute("SELECT pg_relation_size('justonce_effects_running')").fetchone()[0]
+            assert size <= 2 * 8192  # the meta page and one leaf (3,000 entries: 10 pages and more)
+    finally:
+        conn.close()
+
+
+def test_a_v8_ledger_migrates_to_the_narrow_in_doubt_index_and_its_entries_read_the_same(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schema v9 rebuilds the in-doubt index of a ledger written by v8: entries of done,
+    running and abandoned chunks and of single claims read as they did, and the listing
+    finds the same entries in doubt."""
+    if db_url.startswith(("mysql", "mariadb")):
+        pytest.skip("v9 changes the partial index of Postgres and SQLite only")
+    from justonce.backends.postgres import backend as pg_backend
+    from justonce.backends.sqlite import backend as sqlite_backend
+
+    module = sqlite_backend if db_url.startswith("sqlite") else pg_backend
+    old = App(db_url)
+    dialect = old.backend.sqlite if db_url.startswith("sqlite") else old.backend.pg  # type: ignore[attr-defined]
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", [x for x in module.MIGRATIONS if x[0] <= 8])
+        m.setattr(dialect, "latest", 8)
+        old.migrate()
+        assert old.backend.schema_version() == 8
+        old.effects.run_many("bulk", range(2000), lambda idem: None, chunk=500)
+        old.effects.run_many("mixed", range(10), lambda idem: idem)        # a result each
+        old.effects.claim("one", 1, lease=0.05)
+        old.effects.claim("one", 2, lease=3600)
+        old.backend.effect_claim_many("late", ["a", "b"], AT_MOST_ONCE, "gone", 0.05, 5.0)
+        time.sleep(0.1)
+        before = {s: old.effects.counts(s) for s in ("bulk", "mixed", "one", "late")}
+        doubt = sorted(f"{e.scope}:{e.key}" for e in old.effects.in_doubt())
+    old.close()
+    app = App(db_url)
+    try:
+        assert app.migrate() == ["0009_in_doubt_index"]
+        assert {s: app.effects.counts(s) for s in before} == before
+        assert before["bulk"] == {"done": 2000} and before["one"] == {"in_doubt": 1, "running": 1}
+        assert doubt == ["late:a", "late:b", "one:1"]
+        assert sorted(f"{e.scope}:{e.key}" for e in app.effects.in_doubt()) == doubt
+        assert app.effects.get("mixed", 3).result == "mixed:3"
+    finally:
+        app.close()
+
+
 def test_a_chunk_whose_entry_stays_locked_times_out_and_claims_nothing(app: App, db_url: str) -> None:
     conn = proc_app.ledger_connect(db_url)
     try:
