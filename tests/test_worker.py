@@ -352,3 +352,35 @@ def test_a_run_whose_lease_was_lost_keeps_its_job_and_key_from_starting_again_in
     ordered = sorted(spans, key=lambda s: s[1])
     for (_, _, end), (_, start, _) in zip(ordered, ordered[1:], strict=False):
         assert start >= end, f"runs overlap in one process: {ordered}"
+
+
+def test_an_idle_sqlite_waiter_looks_less_often_and_still_wakes_on_a_change(tmp_path) -> None:
+    """The SQLite waiter reads PRAGMA data_version every few milliseconds while its worker
+    has been claiming jobs, and every QUIET_EVERY once it has claimed nothing for
+    QUIET_AFTER (the wake-ups were an idle worker's cost); a commit still wakes it."""
+    app = App(f"sqlite:///{tmp_path / 'q.db'}")
+    app.migrate()
+
+    @app.task(name="t")
+    def t(n: int) -> None:
+        return None
+
+    waiter = app.backend.waiter(["default"])
+    try:
+        waiter.wait(0.01)  # connects
+        looks: list[str] = []
+        waiter._conn.set_trace_callback(looks.append)  # type: ignore[attr-defined]
+        waiter.wait(1.0, idle_for=0.0)
+        busy, looks[:] = len(looks), []
+        waiter.wait(1.0, idle_for=60.0)
+        quiet = len(looks)
+        # (An upper bound on the quiet one: a loaded machine only makes fewer looks.)
+        assert 1 <= quiet <= 1.0 / waiter.QUIET_EVERY + 3 < busy
+        threading.Timer(0.3, lambda: t.enqueue(1)).start()
+        started = time.monotonic()
+        waiter.wait(30.0, idle_for=60.0)
+        assert time.monotonic() - started < 20  # woken by the commit, not the timeout
+    finally:
+        waiter.close()
+        waiter.wait(0.0)  # (the waiting thread closes its own connection)
+        app.close()

@@ -52,10 +52,11 @@ Partitioning = SlotFence
 class Waiter(Protocol):
     """Blocks an idle worker until new work may be there."""
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float, idle_for: float = 0.0) -> None:
         """Return when a job became ready in one of the queues, or after ``timeout`` s.
         May return early (spurious wake-ups are harmless); never raises on a lost
-        connection (it falls back to sleeping)."""
+        connection (it falls back to sleeping). ``idle_for``: how long the worker has
+        claimed nothing (a waiter that polls may look less often once it is long)."""
 
     def close(self) -> None: ...
 

@@ -179,7 +179,9 @@ class Worker:
         self._stopping = False
         self._stop_requested = threading.Event()
         self._done = threading.Event()
-        self._ack_wake = threading.Event()
+        self._ack_wake = threading.Event()  # write now: a batch is full, a key waits, a stop
+        self._ack_any = threading.Event()   # there are completions to write (or a stop)
+        self._last_claimed = time.monotonic()  # when a claim last brought jobs (the fetcher's)
         # Heartbeat and release are multi-row writes over overlapping rows (unstarted jobs);
         # run concurrently, in different orders, they deadlock in Postgres. One at a time.
         self._batch_write = threading.Lock()
@@ -443,8 +445,11 @@ class Worker:
                 emit(Event.JOB_CLAIMED, "job claimed", job_id=job.id, task=job.task,
                      queue=job.queue, attempt=job.attempts, token=job.lease_token,
                      queue_wait=job.queue_wait)
-        if not jobs and not self._stop_requested.is_set():
-            self._waiter.wait(self.poll)
+        now = time.monotonic()
+        if jobs:
+            self._last_claimed = now
+        elif not self._stop_requested.is_set():
+            self._waiter.wait(self.poll, idle_for=now - self._last_claimed)
         return jobs
 
     def _execute(self, h: _Held) -> None:
@@ -477,6 +482,8 @@ class Worker:
                 h.finished = True
                 h.duration = outcome.duration
                 if outcome.completion is not None:
+                    if not self._acks:
+                        self._ack_any.set()
                     self._acks.append(outcome.completion)
                     # A partitioned job's completion unblocks the next job of its key:
                     # write it now rather than at the next ack interval.
@@ -568,12 +575,20 @@ class Worker:
 
     # -- acker -------------------------------------------------------------------------
     def _ack_loop(self) -> None:
+        # Asleep while there is nothing to write (an idle worker's acker used to wake every
+        # ack_interval for nothing); once there is, the batch collects for ack_interval,
+        # or less when a write is wanted now. The wait on _ack_any is bounded all the same:
+        # a wake-up missed would leave completions unwritten for a second, not forever.
         while not self._closed.is_set():
+            self._ack_any.wait(1.0)
             self._ack_wake.wait(self.ack_interval)
             self._ack_wake.clear()
+            self._ack_any.clear()
             try:
-                self._flush_acks()
+                if not self._flush_acks():
+                    self._ack_any.set()  # (put back: try again)
             except Exception:
+                self._ack_any.set()
                 emit(Event.ACK_ERROR, "ack round failed", level=logging.ERROR, exc_info=True)
 
     def _take_acks(self) -> list[Completion]:
@@ -585,6 +600,7 @@ class Worker:
         if batch:
             with self._lock:
                 self._acks[:0] = batch
+            self._ack_any.set()
 
     def _flush_acks(self) -> bool:
         """Write buffered completions; False if the database did not take them."""
@@ -815,6 +831,7 @@ class Worker:
                  "jobs will be re-offered when their leases expire", count=unwritten)
         self._closed.set()
         self._ack_wake.set()
+        self._ack_any.set()
         self._waiter.close()
         # Let the slots, acker, supervisor and housekeeper end before the worker reports
         # itself stopped (a caller may close the database next). A slot stuck in a sync

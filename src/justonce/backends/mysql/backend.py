@@ -881,7 +881,7 @@ class MySQLWaiter:
         self.queues = list(queues)
         self._stop = threading.Event()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float, idle_for: float = 0.0) -> None:
         # The first look comes after EVERY, not at once: the caller's claim just came back
         # empty, so ready jobs seen now are ones it could not take (another worker's
         # partition slots, keys held by a running job, a standby's queue) and returning at

@@ -779,7 +779,7 @@ class PostgresWaiter:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.backend.channel or "justonce")))
         return conn
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float, idle_for: float = 0.0) -> None:
         if not self.listen:
             self._stop.wait(timeout)
             return
