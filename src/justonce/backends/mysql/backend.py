@@ -685,19 +685,19 @@ class MySQLDialect(Dialect):
         # (a re-run over entries that all exist) needs no second look. Otherwise the keys
         # the chunk does not hold are read (the few that existed), not the ones it does.
         # The count is trusted only where the connection counts rows changed rather than
-        # found (no CLIENT_FOUND_ROWS: a key inserted meanwhile would count too).
-        insert, others = STATEMENTS["effect_claim_new_many"]
+        # found (CLIENT_FOUND_ROWS: a key inserted meanwhile would count too); there, the
+        # rows inserted are read back.
+        if c.client_flag & CLIENT.FOUND_ROWS:
+            return self._run(c, "effect_claim_new_many", params)
+        insert, _ = STATEMENTS["effect_claim_new_many"]
         args = {k: _param(v) for k, v in params.items()}
         keys: list[str] = json.loads(args["keys"])
         inserted = self._count(c, [insert], args)
-        if not c.client_flag & CLIENT.FOUND_ROWS:
-            if inserted == n:
-                return [(k, 1) for k in keys]
-            if inserted == 0:
-                return []
-        with c.cursor() as cur:
-            cur.execute(others, args)
-            there = {str(r[0]) for r in cur.fetchall()}
+        if inserted == n:
+            return [(k, 1) for k in keys]
+        if inserted == 0:
+            return []
+        there = {str(r[0]) for r in self._run(c, "effect_claim_new_others", params)}
         return [(k, 1) for k in keys if k not in there]
 
     # -- bulk inserts ----------------------------------------------------------------------------------

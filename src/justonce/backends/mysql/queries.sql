@@ -852,11 +852,9 @@ SELECT COUNT(*) FROM justonce_effects FORCE INDEX (justonce_effects_chunk)
 -- Existing ones are filtered out by a plain read (READ COMMITTED: INSERT ... SELECT reads
 -- its source without locks), so a re-run over a finished scope locks nothing here; ON
 -- DUPLICATE KEY covers a key inserted meanwhile (left as it is). With no RETURNING, the
--- keys the insert did not make are read next (claim_new_effects: only when its count
--- says some were there): the keys of the list that the chunk, new in this transaction,
--- does not hold. Usually a few, where reading back the rows inserted meant parsing up to
--- the whole chunk in the worker (a Push's rest phase meets a few entries of its racing
--- A/B phase in half its chunks).
+-- rows inserted are read back by their chunk (locked by the insert itself); but
+-- claim_new_effects runs the insert alone where it can trust its count (all new: nothing
+-- to read; some: effect_claim_new_others).
 INSERT INTO justonce_effects (scope, `key`, state, policy, token, owner, attempts, chunk_id)
 SELECT %(scope)s, d.k, 'running', %(policy)s, 1, %(owner)s, 1, %(chunk)s
   FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (ord FOR ORDINALITY, k VARCHAR(512) PATH '$')) AS d
@@ -864,6 +862,15 @@ SELECT %(scope)s, d.k, 'running', %(policy)s, 1, %(owner)s, 1, %(chunk)s
                     WHERE x.scope = %(scope)s AND x.`key` = d.k)
  ORDER BY d.ord
 ON DUPLICATE KEY UPDATE scope = justonce_effects.scope;
+SELECT `key`, token FROM justonce_effects FORCE INDEX (justonce_effects_chunk)
+ WHERE chunk_id = %(chunk)s;
+
+-- name: effect_claim_new_others
+-- dialect-only: claim_new_effects, after effect_claim_new_many's insert made some keys of
+-- %(keys)s but not all: the keys that the chunk, new in this transaction, does not hold
+-- (the ones that existed). Usually a few, where reading back the rows inserted meant
+-- parsing up to the whole chunk in the worker (a Push's rest phase meets a few entries of
+-- its racing A/B phase in half its chunks).
 SELECT d.k FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
  WHERE NOT EXISTS (SELECT 1 FROM justonce_effects x
                     WHERE x.scope = %(scope)s AND x.`key` = d.k AND x.chunk_id = %(chunk)s);
