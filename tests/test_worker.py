@@ -375,10 +375,12 @@ def test_an_idle_sqlite_waiter_looks_less_often_and_still_wakes_on_a_change(tmp_
         waiter.wait(1.0, idle_for=60.0)
         quiet = len(looks)
         # (An upper bound on the quiet one: a loaded machine only makes fewer looks.)
-        assert 1 <= quiet <= 1.0 / waiter.QUIET_EVERY + 3 < busy
-        threading.Timer(0.3, lambda: t.enqueue(1)).start()
+        assert 1 <= quiet <= 1.0 / waiter.QUIET_EVERY + 3 and busy > 2 * quiet
+        commit = threading.Timer(0.3, lambda: t.enqueue(1))
+        commit.start()
         started = time.monotonic()
         waiter.wait(30.0, idle_for=60.0)
+        commit.join()
         assert time.monotonic() - started < 20  # woken by the commit, not the timeout
     finally:
         waiter.close()

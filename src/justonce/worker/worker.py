@@ -181,7 +181,7 @@ class Worker:
         self._done = threading.Event()
         self._ack_wake = threading.Event()  # write now: a batch is full, a key waits, a stop
         self._ack_any = threading.Event()   # there are completions to write (or a stop)
-        self._last_claimed = time.monotonic()  # when a claim last brought jobs (the fetcher's)
+        self._idle_since: float | None = None  # the first of the claims in a row that found nothing
         # Heartbeat and release are multi-row writes over overlapping rows (unstarted jobs);
         # run concurrently, in different orders, they deadlock in Postgres. One at a time.
         self._batch_write = threading.Lock()
@@ -445,11 +445,13 @@ class Worker:
                 emit(Event.JOB_CLAIMED, "job claimed", job_id=job.id, task=job.task,
                      queue=job.queue, attempt=job.attempts, token=job.lease_token,
                      queue_wait=job.queue_wait)
-        now = time.monotonic()
         if jobs:
-            self._last_claimed = now
+            self._idle_since = None
         elif not self._stop_requested.is_set():
-            self._waiter.wait(self.poll, idle_for=now - self._last_claimed)
+            now = time.monotonic()
+            if self._idle_since is None:
+                self._idle_since = now
+            self._waiter.wait(self.poll, idle_for=now - self._idle_since)
         return jobs
 
     def _execute(self, h: _Held) -> None:

@@ -182,6 +182,11 @@ def _param(value: Any) -> Any:
     return value
 
 
+def _text(value: Any) -> str:
+    """A text column's value (PyMySQL gives bytes for a binary collation's result)."""
+    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
+
+
 def _naive(value: datetime) -> datetime:
     """A time as the server's DATETIME(6) in UTC takes it."""
     if value.tzinfo is None:
@@ -686,10 +691,11 @@ class MySQLDialect(Dialect):
         # the chunk does not hold are read (the few that existed), not the ones it does.
         # The count is trusted only where the connection counts rows changed rather than
         # found (CLIENT_FOUND_ROWS: a key inserted meanwhile would count too); there, the
-        # rows inserted are read back.
+        # rows inserted are read back. So they are when the keys read do not add up with
+        # the count: a key taken for new by mistake would run its effect again.
         if c.client_flag & CLIENT.FOUND_ROWS:
             return self._run(c, "effect_claim_new_many", params)
-        insert, _ = STATEMENTS["effect_claim_new_many"]
+        insert, read_back = STATEMENTS["effect_claim_new_many"]
         args = {k: _param(v) for k, v in params.items()}
         keys: list[str] = json.loads(args["keys"])
         inserted = self._count(c, [insert], args)
@@ -697,8 +703,13 @@ class MySQLDialect(Dialect):
             return [(k, 1) for k in keys]
         if inserted == 0:
             return []
-        there = {str(r[0]) for r in self._run(c, "effect_claim_new_others", params)}
-        return [(k, 1) for k in keys if k not in there]
+        there = {_text(r[0]) for r in self._run(c, "effect_claim_new_others", params)}
+        new = [(k, 1) for k in keys if k not in there]
+        if len(new) == inserted and len(there) == n - inserted:
+            return new
+        with c.cursor() as cur:
+            cur.execute(read_back, args)
+            return [(_text(k), t) for k, t in cur.fetchall()]
 
     # -- bulk inserts ----------------------------------------------------------------------------------
     def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,

@@ -455,7 +455,7 @@ class SQLiteWaiter:
                     self._version = version
                     return
                 every = self.CHECK_EVERY if now < quiet_from else self.QUIET_EVERY
-                time.sleep(min(every, deadline - now))
+                self._stop.wait(min(every, deadline - now))
         except sqlite3.Error:
             self._stop.wait(max(0.0, deadline - time.monotonic()))
         if self._stop.is_set() and self._conn is not None:

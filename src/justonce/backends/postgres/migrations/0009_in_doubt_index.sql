@@ -3,8 +3,9 @@
 -- index of v4 (running entries by lease) also held every entry of every chunk, finished
 -- ones included: an index write for each key of a bulk run, and an index as big as the
 -- ledger where the in-doubt listing reads only entries with a lease of their own (a
--- chunk's are found through justonce_effect_chunks_running). Rebuilt once here; writes
--- to justonce_effects wait while it is built (seconds for millions of entries).
+-- chunk's are found through justonce_effect_chunks_running). Rebuilt once here: the
+-- ledger's table is locked (reads too: DROP INDEX) until the migration commits, seconds
+-- for millions of entries.
 DROP INDEX justonce_effects_running;
 CREATE INDEX justonce_effects_running ON justonce_effects (lease_expires_at)
     WHERE state = 'running' AND lease_expires_at IS NOT NULL;
