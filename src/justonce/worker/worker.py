@@ -587,10 +587,8 @@ class Worker:
             self._ack_wake.clear()
             self._ack_any.clear()
             try:
-                if not self._flush_acks():
-                    self._ack_any.set()  # (put back: try again)
+                self._flush_acks()  # (a batch it could not write goes back: _return_acks)
             except Exception:
-                self._ack_any.set()
                 emit(Event.ACK_ERROR, "ack round failed", level=logging.ERROR, exc_info=True)
 
     def _take_acks(self) -> list[Completion]:
