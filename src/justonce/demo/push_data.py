@@ -151,12 +151,22 @@ def list_members(conn: Any) -> list[int]:
 def save_ab(conn: Any, push_id: int, phases: dict[str, list[int]]) -> None:
     rows = [(push_id, uid, variant) for variant, ids in phases.items() for uid in ids]
     _insert_many(conn, "INSERT INTO demo_push_ab (push_id, user_id, variant) VALUES (?, ?, ?)", rows)
+    analyze(conn, "demo_push_ab")
 
 
 def save_reached(conn: Any, push_id: int, reached: list[int]) -> None:
     """R, as the rest phase sees it when it starts: the users marked sent by then."""
     _insert_many(conn, "INSERT INTO demo_push_reached (push_id, user_id) VALUES (?, ?)",
                  [(push_id, uid) for uid in reached])
+    analyze(conn, "demo_push_reached")
+
+
+def analyze(conn: Any, table: str) -> None:
+    """Statistics for a table just filled, before the slot scans query it: autovacuum's
+    ANALYZE comes later, if at all. Without them Postgres takes the rest phase's R for a
+    handful of rows and may answer its ``NOT EXISTS`` by reading all of R for every user
+    a window looks at (measured at 10,000,000 users: 0.67 s a window instead of ~0.03)."""
+    conn.execute(f"ANALYZE TABLE {table}" if dialect(conn) == "mysql" else f"ANALYZE {table}")
 
 
 @contextlib.contextmanager
