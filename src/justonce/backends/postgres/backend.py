@@ -145,6 +145,19 @@ last PLAN_MAX_AGE: a batch ack on such a plan took 430 ms once there were 488,29
 rows, against ~1 ms."""
 
 
+PLANNER_LOCAL: dict[str, dict[str, str]] = {
+    "effects_list": {"enable_sort": "off", "enable_bitmapscan": "off"},
+}
+"""Planner settings for one statement (its transaction alone), where no estimate can be
+trusted to pick the plan. effects_list reads a page of a scope in key order: the primary
+key walked from the page's first key, each entry's chunk looked up, stopped at the page's
+size. A scope grown since the last ANALYZE (a run_many over a new Push's list: a new scope
+is estimated at a few hundred rows) got a bitmap scan of every entry after the page's
+first key and a sort of them all, for each page: 0.55 s a page of 20,000 in a scope of
+1,000,000, listing it whole 27 s (the pages get cheaper towards the end), against 25-40
+ms a page on the index. Without a sort or a bitmap scan, the index walk is the plan."""
+
+
 def _prepare(name: str) -> bool | None:
     """psycopg's ``prepare`` for statement ``name``: never for PLANNED_EACH_TIME, else its
     default (prepared after a few runs)."""
@@ -341,15 +354,19 @@ class PostgresDialect(Dialect):
     def _fetch(self, name: str, params: dict[str, Any], *, dicts: bool = False) -> list[Any]:
         with self._connection(scoped=False) as conn:
             cur = conn.cursor(row_factory=dict_row if dicts else tuple_row)
-            if self._local_schema is None:
+            planner = PLANNER_LOCAL.get(name)
+            if self._local_schema is None and planner is None:
                 cur.execute(Q[name], params, prepare=_prepare(name))
                 return cur.fetchall() if cur.description else []
-            # Statements sent before one Sync share an implicit transaction: the schema set
-            # by the first holds for the second alone. Leaving the pipeline sends the one
-            # Sync and reads both results (an explicit sync() inside would be a second
-            # round trip).
+            # Statements sent before one Sync share an implicit transaction: the schema
+            # (and planner settings) set by the first hold for the second alone. Leaving
+            # the pipeline sends the one Sync and reads every result (an explicit sync()
+            # inside would be a second round trip).
             with conn.pipeline():
-                conn.execute(Q["search_path_local"], {"schema": self._local_schema})
+                if self._local_schema is not None:
+                    conn.execute(Q["search_path_local"], {"schema": self._local_schema})
+                if planner is not None:
+                    conn.execute(Q["planner_local"], {"names": list(planner), "values": list(planner.values())})
                 cur.execute(Q[name], params, prepare=_prepare(name))
             return cur.fetchall() if cur.description else []
 

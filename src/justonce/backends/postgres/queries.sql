@@ -455,6 +455,12 @@ SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 -- dialect-only: PgBouncer mode's per-transaction schema
 SELECT set_config('search_path', %(schema)s, true)
 
+-- name: planner_local
+-- dialect-only: planner settings for one statement (backend.PLANNER_LOCAL), local to its
+-- transaction
+SELECT set_config(s.name, s.value, true)
+  FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, value)
+
 -- The transaction that search_path_local is set in, when it spans several statements. The
 -- level is named here as psycopg names it in its own BEGIN (see _read_committed).
 -- name: tx_begin
