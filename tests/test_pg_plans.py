@@ -364,3 +364,27 @@ def test_a_page_of_a_grown_scope_walks_the_key_index_and_sorts_nothing(db_url: s
             assert conn.execute("SHOW enable_bitmapscan").fetchone()[0] == "on"
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+@pytest.mark.parametrize("bouncer", [False, True])
+def test_planner_settings_hold_for_their_statement_alone(db_url: str, bouncer: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """PLANNER_LOCAL's settings are sent in the statement's own pipeline and transaction:
+    the statement runs with them (directly, and in PgBouncer mode, where the schema is set
+    the same way), and the next statement on the connection runs without them."""
+    monkeypatch.setitem(Q, "settings_probe", "SELECT current_setting('enable_sort'), "
+                                             "current_setting('enable_bitmapscan'), current_schema()")
+    monkeypatch.setitem(pg_backend.PLANNER_LOCAL, "settings_probe",
+                        {"enable_sort": "off", "enable_bitmapscan": "off"})
+    monkeypatch.setitem(Q, "settings_plain", "SELECT current_setting('enable_sort'), "
+                                             "current_setting('enable_bitmapscan'), current_schema()")
+    schema = parse_postgres_url(db_url)[1]
+    app = App(db_url + ("&pgbouncer=1" if bouncer else ""))
+    try:
+        app.migrate()
+        for _ in range(3):
+            assert app.backend.d.read("settings_probe", {}) == [("off", "off", schema)]  # type: ignore[attr-defined]
+            assert app.backend.d.read("settings_plain", {}) == [("on", "on", schema)]  # type: ignore[attr-defined]
+    finally:
+        app.close()
