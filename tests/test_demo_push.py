@@ -246,7 +246,9 @@ def test_the_rest_phase_scan_finds_r_analyzed_and_plans_each_window_for_its_own_
     from justonce import App
     from justonce.demo import connect, dialect, push_app, push_data
 
-    App(db_url).migrate()  # (the demo's set-up does it first: it makes the schema)
+    setup = App(db_url)
+    setup.migrate()  # (the demo's set-up does it first: it makes the schema)
+    setup.close()
     conn = connect(db_url)
     kind = dialect(conn)
     try:
@@ -264,15 +266,13 @@ def test_the_rest_phase_scan_finds_r_analyzed_and_plans_each_window_for_its_own_
         elif kind == "sqlite":
             analyzed = {r[0] for r in conn.execute("SELECT tbl FROM sqlite_stat1")}
             assert {"demo_push_reached", "demo_push_ab"} <= analyzed
-        else:
-            rows = dict(conn.execute("SELECT table_name, table_rows FROM information_schema.tables "
-                                     "WHERE table_schema = DATABASE() AND table_name IN "
-                                     "('demo_push_reached', 'demo_push_ab')").fetchall())
-            assert rows == {"demo_push_reached": 150, "demo_push_ab": 200}
+        # (MariaDB: InnoDB counts a table's rows as they come, with or without ANALYZE
+        # TABLE, which save_* run all the same: nothing to tell apart here.)
     finally:
         conn.close()
 
     seen: dict[str, object] = {}
+    was = push_app.app.database_url
 
     def scan() -> None:
         try:
@@ -304,6 +304,9 @@ def test_the_rest_phase_scan_finds_r_analyzed_and_plans_each_window_for_its_own_
     t = threading.Thread(target=scan)
     t.start()
     t.join(60)
+    push_app.app.use_database(was)
+    push_app._pushes.pop(1, None)
+    assert not t.is_alive(), "the scan did not end in 60 s"
     if "error" in seen:
         raise seen["error"]  # type: ignore[misc]
     assert seen["users"] == sum(1 for m in members[150:] if m % 2 == 0)

@@ -335,6 +335,12 @@ def test_a_page_of_a_grown_scope_walks_the_key_index_and_sorts_nothing(db_url: s
         conninfo, schema = parse_postgres_url(db_url)[:2]
         with psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}") as c:
             c.execute("ALTER TABLE justonce_effects SET (autovacuum_enabled = false)")
+            # The planner's costs as they ship, whatever this server was tuned to: the
+            # trap below is shown with them.
+            for name, value in (("seq_page_cost", "1"), ("random_page_cost", "4"), ("work_mem", "4MB"),
+                                ("effective_cache_size", "4GB"), ("cpu_tuple_cost", "0.01"),
+                                ("cpu_index_tuple_cost", "0.005"), ("cpu_operator_cost", "0.0025")):
+                c.execute("SELECT set_config(%s, %s, false)", (name, value))
             # Never analyzed (a new ledger; or a scope that grew since, which the planner
             # estimates the same way: a few hundred entries).
             assert app.effects.run_many("grown", range(40_000), lambda k: None).done == 40_000
@@ -373,18 +379,28 @@ def test_planner_settings_hold_for_their_statement_alone(db_url: str, bouncer: b
     """PLANNER_LOCAL's settings are sent in the statement's own pipeline and transaction:
     the statement runs with them (directly, and in PgBouncer mode, where the schema is set
     the same way), and the next statement on the connection runs without them."""
-    monkeypatch.setitem(Q, "settings_probe", "SELECT current_setting('enable_sort'), "
-                                             "current_setting('enable_bitmapscan'), current_schema()")
+    probe = ("SELECT current_setting('enable_sort'), current_setting('enable_bitmapscan'), "
+             "current_schema(), pg_backend_pid()")
+    monkeypatch.setitem(Q, "settings_probe", probe)
     monkeypatch.setitem(pg_backend.PLANNER_LOCAL, "settings_probe",
                         {"enable_sort": "off", "enable_bitmapscan": "off"})
-    monkeypatch.setitem(Q, "settings_plain", "SELECT current_setting('enable_sort'), "
-                                             "current_setting('enable_bitmapscan'), current_schema()")
+    monkeypatch.setitem(Q, "settings_plain", probe)
     schema = parse_postgres_url(db_url)[1]
-    app = App(db_url + ("&pgbouncer=1" if bouncer else ""))
+    # One connection in the pool: the statement after the one with settings runs on the
+    # same server session, so a leak could not hide on another connection.
+    app = App(db_url + "&pool_size=1" + ("&pgbouncer=1" if bouncer else ""))
     try:
         app.migrate()
+        d = app.backend.d  # type: ignore[attr-defined]
+        pids = set()
         for _ in range(3):
-            assert app.backend.d.read("settings_probe", {}) == [("off", "off", schema)]  # type: ignore[attr-defined]
-            assert app.backend.d.read("settings_plain", {}) == [("on", "on", schema)]  # type: ignore[attr-defined]
+            (*settings, pid), = d.read("settings_probe", {})
+            assert settings == ["off", "off", schema]
+            (*after, pid_after), = d.read("settings_plain", {})
+            assert after == ["on", "on", schema]
+            pids |= {pid, pid_after}
+        assert len(pids) == 1, pids
+        with pytest.raises(AssertionError, match="planner settings"), d._lend() as conn:
+            d.rows(conn, "settings_probe", {})
     finally:
         app.close()

@@ -155,7 +155,11 @@ size. A scope grown since the last ANALYZE (a run_many over a new Push's list: a
 is estimated at a few hundred rows) got a bitmap scan of every entry after the page's
 first key and a sort of them all, for each page: 0.55 s a page of 20,000 in a scope of
 1,000,000, listing it whole 27 s (the pages get cheaper towards the end), against 25-40
-ms a page on the index. Without a sort or a bitmap scan, the index walk is the plan."""
+ms a page on the index. Without a sort or a bitmap scan, the index walk is the plan. (A
+page of a state few entries are in walks the rest of the scope either way: ~0.9-1.5 s in
+a scope of 1,000,000 done entries, against ~0.6-1.3 s for the bitmap scan.) Only read
+and write run them (_fetch: a connection of its own, autocommit, the settings in the
+statement's implicit transaction); rows, dicts, many and write_count refuse them."""
 
 
 def _prepare(name: str) -> bool | None:
@@ -452,14 +456,19 @@ class PostgresDialect(Dialect):
     def rows(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[Any]:
         # Every statement run here returns rows (in pipeline mode a cursor cannot tell
         # before it fetches); statements without results go through many().
+        if name in PLANNER_LOCAL:
+            raise AssertionError(f"{name} has planner settings of its own: read it with read()")
         return c.cursor(row_factory=tuple_row).execute(Q[name], params, prepare=_prepare(name)).fetchall()
 
     def dicts(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        if name in PLANNER_LOCAL:
+            raise AssertionError(f"{name} has planner settings of its own: read it with read()")
         return c.cursor(row_factory=dict_row).execute(Q[name], params, prepare=_prepare(name)).fetchall()
 
     def many(self, c: psycopg.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
-        if name in PLANNED_EACH_TIME:
-            raise AssertionError(f"{name} is planned at each run, and executemany prepares it")
+        if name in PLANNED_EACH_TIME or name in PLANNER_LOCAL:
+            raise AssertionError(f"{name} is planned at each run or with settings of its own, "
+                                 "and executemany prepares it without them")
         if seq:
             c.cursor().executemany(Q[name], seq)
 
@@ -485,6 +494,8 @@ class PostgresDialect(Dialect):
         return self._fetch(name, params, dicts=True)
 
     def write_count(self, name: str, params: dict[str, Any]) -> int:
+        if name in PLANNER_LOCAL:
+            raise AssertionError(f"{name} has planner settings of its own: run it with write()")
         with self._connection() as conn:
             return conn.execute(Q[name], params, prepare=_prepare(name)).rowcount
 
