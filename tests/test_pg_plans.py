@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -292,6 +293,22 @@ def test_plans_dropped_while_none_was_prepared_do_not_hide_later_drops(db_url: s
         app.close()
 
 
+@contextmanager
+def _unanalyzed_ledger(db_url: str) -> Iterator[tuple[App, psycopg.Connection]]:
+    """A migrated app and a connection of the test's own to its schema, the effects table
+    never analyzed behind the test's back (autovacuum off for it): the ledger as a
+    growing Push sees it."""
+    app = App(db_url)
+    try:
+        app.migrate()
+        conninfo, schema = parse_postgres_url(db_url)[:2]
+        with psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}") as c:
+            c.execute("ALTER TABLE justonce_effects SET (autovacuum_enabled = false)")
+            yield app, c
+    finally:
+        app.close()
+
+
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_a_chunk_finish_reads_its_entries_by_the_chunk_not_by_the_whole_scope(db_url: str) -> None:
     """Planned at each run is not enough where the table has no statistics yet (a scope
@@ -301,24 +318,16 @@ def test_a_chunk_finish_reads_its_entries_by_the_chunk_not_by_the_whole_scope(db
     chunk of 500 in a scope of 100,000, against 0.4). The custom plans of the finish's two
     reads of a chunk (its count, its keys), on a table never analyzed, must not touch the
     primary key."""
-    app = App(db_url)
-    try:
-        app.migrate()
-        conninfo, schema = parse_postgres_url(db_url)[:2]
-        with psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}") as c:
-            # No ANALYZE behind the test's back: the table as a growing Push sees it.
-            c.execute("ALTER TABLE justonce_effects SET (autovacuum_enabled = false)")
-            outcome = app.effects.run_many("grown", range(6000), lambda k: None, chunk=500)
-            assert outcome.done == 6000
-            chunk = c.execute("SELECT max(chunk_id) FROM justonce_effects").fetchone()[0]
-            args = {"chunk": chunk, "scope": "grown"}
-            assert len(c.execute(Q["effect_chunk_keys"], args).fetchall()) == 500
-            assert c.execute(Q["effect_chunk_held"], args).fetchone()[0] == 500
-            for name in ("effect_chunk_keys", "effect_chunk_held"):
-                plan = "\n".join(r[0] for r in c.execute("EXPLAIN " + Q[name], args))
-                assert "justonce_effects_chunk" in plan and "justonce_effects_pkey" not in plan, (name, plan)
-    finally:
-        app.close()
+    with _unanalyzed_ledger(db_url) as (app, c):
+        outcome = app.effects.run_many("grown", range(6000), lambda k: None, chunk=500)
+        assert outcome.done == 6000
+        chunk = c.execute("SELECT max(chunk_id) FROM justonce_effects").fetchone()[0]
+        args = {"chunk": chunk, "scope": "grown"}
+        assert len(c.execute(Q["effect_chunk_keys"], args).fetchall()) == 500
+        assert c.execute(Q["effect_chunk_held"], args).fetchone()[0] == 500
+        for name in ("effect_chunk_keys", "effect_chunk_held"):
+            plan = "\n".join(r[0] for r in c.execute("EXPLAIN " + Q[name], args))
+            assert "justonce_effects_chunk" in plan and "justonce_effects_pkey" not in plan, (name, plan)
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
@@ -329,34 +338,29 @@ def test_a_page_of_a_grown_scope_walks_the_key_index_and_sorts_nothing(db_url: s
     (0.55 s a page of 20,000 in a scope of 1,000,000). Its statement now runs with the
     planner settings of PLANNER_LOCAL, in its own transaction: the plan walks the primary
     key in order, and the settings are gone from the connection afterwards."""
-    app = App(db_url)
-    try:
-        app.migrate()
-        conninfo, schema = parse_postgres_url(db_url)[:2]
-        with psycopg.connect(conninfo, autocommit=True, options=f"-c search_path={schema}") as c:
-            c.execute("ALTER TABLE justonce_effects SET (autovacuum_enabled = false)")
-            # The planner's costs as they ship, whatever this server was tuned to: the
-            # trap below is shown with them.
-            for name, value in (("seq_page_cost", "1"), ("random_page_cost", "4"), ("work_mem", "4MB"),
-                                ("effective_cache_size", "4GB"), ("cpu_tuple_cost", "0.01"),
-                                ("cpu_index_tuple_cost", "0.005"), ("cpu_operator_cost", "0.0025")):
-                c.execute("SELECT set_config(%s, %s, false)", (name, value))
-            # Never analyzed (a new ledger; or a scope that grew since, which the planner
-            # estimates the same way: a few hundred entries).
-            assert app.effects.run_many("grown", range(40_000), lambda k: None).done == 40_000
-            args = {"scope": "grown", "state": None, "limit": 1000, "after": "2"}
+    with _unanalyzed_ledger(db_url) as (app, c):
+        # The planner's costs as they ship, whatever this server was tuned to: the
+        # trap below is shown with them.
+        for name, value in (("seq_page_cost", "1"), ("random_page_cost", "4"), ("work_mem", "4MB"),
+                            ("effective_cache_size", "4GB"), ("cpu_tuple_cost", "0.01"),
+                            ("cpu_index_tuple_cost", "0.005"), ("cpu_operator_cost", "0.0025")):
+            c.execute("SELECT set_config(%s, %s, false)", (name, value))
+        # Never analyzed (a new ledger; or a scope that grew since, which the planner
+        # estimates the same way: a few hundred entries).
+        assert app.effects.run_many("grown", range(40_000), lambda k: None).done == 40_000
+        args = {"scope": "grown", "state": None, "limit": 1000, "after": "2"}
 
-            def plan() -> str:
-                return "\n".join(r[0] for r in c.execute("EXPLAIN " + Q["effects_list"], args))
+        def plan() -> str:
+            return "\n".join(r[0] for r in c.execute("EXPLAIN " + Q["effects_list"], args))
 
-            # The trap, as the planner sees the grown scope without the settings ...
-            assert "Sort" in plan(), plan()
-            with c.transaction():
-                for name, value in pg_backend.PLANNER_LOCAL["effects_list"].items():
-                    c.execute("SELECT set_config(%s, %s, true)", (name, value))
-                fixed = plan()
-            # ... and with them: the key index in order, each entry's chunk by its own key.
-            assert "Sort" not in fixed and "Bitmap" not in fixed and "justonce_effects_pkey" in fixed, fixed
+        # The trap, as the planner sees the grown scope without the settings ...
+        assert "Sort" in plan(), plan()
+        with c.transaction():
+            for name, value in pg_backend.PLANNER_LOCAL["effects_list"].items():
+                c.execute("SELECT set_config(%s, %s, true)", (name, value))
+            fixed = plan()
+        # ... and with them: the key index in order, each entry's chunk by its own key.
+        assert "Sort" not in fixed and "Bitmap" not in fixed and "justonce_effects_pkey" in fixed, fixed
 
         # Through the backend: the pages, in order, and nothing left set on its connections.
         keys: list[str] = []
@@ -368,8 +372,6 @@ def test_a_page_of_a_grown_scope_walks_the_key_index_and_sorts_nothing(db_url: s
         with app.backend.d._lend() as conn:  # type: ignore[attr-defined]
             assert conn.execute("SHOW enable_sort").fetchone()[0] == "on"
             assert conn.execute("SHOW enable_bitmapscan").fetchone()[0] == "on"
-    finally:
-        app.close()
 
 
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
