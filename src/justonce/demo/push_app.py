@@ -67,7 +67,7 @@ def _db() -> Any:
             # The slot scan's window query, as psycopg prepares it after five runs, got a
             # generic plan: one that cannot see the window's bounds or the list's numbers,
             # expects one user per window and may then read all of R for each user it finds
-            # (2-5x the scan's cost, measured at 2,000,000 and 10,000,000 users). A plan
+            # (1.6-7x the scan's CPU on the server, measured at 2,000,000 and 10,000,000 users). A plan
             # made for each window's own values costs well under a millisecond. And no
             # parallel workers: the slots are the parallelism (a worker process started
             # for each window cost the server ~25 % more CPU on two cores). Through

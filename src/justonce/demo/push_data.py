@@ -165,7 +165,9 @@ def analyze(conn: Any, table: str) -> None:
     """Statistics for a table just filled, before the slot scans query it: autovacuum's
     ANALYZE comes later, if at all. Without them Postgres takes the rest phase's R for a
     handful of rows and may answer its ``NOT EXISTS`` by reading all of R for every user
-    a window looks at (measured at 10,000,000 users: 0.67 s a window instead of ~0.03)."""
+    a window looks at (measured at 10,000,000 users, with the plan the scans settled on: 24-85
+    ms of the server's CPU a window of 50,000 ids, against 11-13 with R analyzed and each
+    window planned for its values)."""
     conn.execute(f"ANALYZE TABLE {table}" if dialect(conn) == "mysql" else f"ANALYZE {table}")
 
 
