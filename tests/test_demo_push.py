@@ -318,3 +318,61 @@ def test_the_rest_phase_scan_finds_r_analyzed_and_plans_each_window_for_its_own_
         # never one that reads R for each user and filters it ("Join Filter").
         assert "$" not in plan and "Gather" not in plan, plan
         assert "Anti Join" in plan and "Join Filter" not in plan, plan
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().split("\0")
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("demo", ["push", "jobs"])
+def test_a_demo_killed_with_sigkill_leaves_no_worker_running(tmp_path: Path, demo: str) -> None:
+    """The workers a demo starts stop on their own once the demo is gone (they watch for
+    their parent): a demo killed with SIGKILL left them polling its database for ever."""
+    env = dict(os.environ, COLUMNS="140")
+    env.pop("JUSTONCE_DATABASE_URL", None)
+    args = (["push", "--users", "300000", "--workers", "2", "--senders", "2"] if demo == "push"
+            else ["jobs", "--jobs", "200000", "--workers", "3"])
+    proc = subprocess.Popen([sys.executable, "-m", "justonce", "demo", *args,
+                             "--database-url", f"sqlite:///{tmp_path / 'demo.db'}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    want = 3  # workers (the Push: two slots and a standby)
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while len(workers) < want:
+            assert proc.poll() is None, "the demo ended before its workers were all up"
+            assert time.monotonic() < deadline, "the demo did not start its workers"
+            workers = [p for p in _children(proc.pid) if "worker" in _cmdline(p)]
+            time.sleep(0.2)
+        time.sleep(1.0)  # (their app modules imported: the watch is on)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 45  # their grace is 10 s
+    while time.monotonic() < deadline:
+        if all(process_state(p) in ("gone", "Z") for p in workers):
+            break
+        time.sleep(0.2)
+    left = [p for p in workers if process_state(p) not in ("gone", "Z")]
+    for p in left:
+        os.kill(p, 9)
+    assert not left, f"workers still running after the demo was killed: {left}"

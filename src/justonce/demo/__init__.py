@@ -3,12 +3,42 @@ helpers they share: a plain connection to the demo's database, and stopping work
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+PARENT_ENV = "JUSTONCE_DEMO_PARENT"
+"""Set by a demo in the environment of the workers it starts: its own pid."""
+
+
+def worker_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a worker this demo process starts: with the demo's pid, so that the
+    worker stops once the demo is gone (:func:`exit_with_parent`)."""
+    return {**env, PARENT_ENV: str(os.getpid())}
+
+
+def exit_with_parent() -> None:
+    """In a demo's worker process (its app module calls this): stop the worker gracefully
+    (SIGTERM to itself) once the demo that started it has gone. A demo killed with SIGKILL,
+    or whose terminal closed, left its workers polling the database for ever, the Push's
+    sender threads and SMTP connections with them. Outside a demo's worker: nothing."""
+    raw = os.environ.get(PARENT_ENV, "")
+    if not raw.isdigit():
+        return
+    parent = int(raw)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="justonce-demo-parent", daemon=True).start()
 
 
 def connect(url: str) -> Any:

@@ -28,9 +28,10 @@ from rich.table import Table
 from ..app import App
 from ..tasks import Enqueue
 from ..types import JobState
-from . import connect, stop_workers
+from . import connect, exit_with_parent, stop_workers, worker_env
 
 app = App(strict=True)
+exit_with_parent()  # (in a worker the demo started: stop once the demo is gone)
 _local = threading.local()
 
 LEDGER_DDL = (
@@ -77,7 +78,8 @@ def run_demo(database_url: str | None, n_jobs: int, workers: int, kill_one: bool
     cmd = [sys.executable, "-m", "justonce", "worker", "--app", "justonce.demo.jobs:app",
            "--database-url", url, "--queues", queue, "--concurrency", "2", "--lease", "3",
            "--grace", "10", "--log-level", "WARNING", "--housekeeping-interval", "0.5"]
-    procs = [subprocess.Popen(cmd, stderr=subprocess.DEVNULL) for _ in range(workers)]
+    env = worker_env(os.environ)
+    procs = [subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL) for _ in range(workers)]
     killed = None
     t1 = time.perf_counter()
     try:

@@ -38,7 +38,7 @@ from rich.table import Table
 from ..models import EffectInfo
 from ..owner import owner_pid
 from ..tasks import Enqueue
-from . import connect, stop_workers
+from . import connect, stop_workers, worker_env
 from .mail import SMTP_ENV, Ceiling, Recorder, ThreadSMTP, measure_ceiling, render, start_smtp
 from .push_app import SENDERS_ENV, WINNER, app, send_push_email, send_push_slot
 from .push_data import VARIANTS, create_push, create_schema, list_members, load_users, save_ab, save_reached
@@ -157,7 +157,7 @@ def _setup(conn: Any, opts: Options) -> Run:
 
 
 def _start_workers(url: str, queue: str, pset: str, address: str, opts: Options) -> list[subprocess.Popen[Any]]:
-    env = dict(os.environ, **{SMTP_ENV: address, SENDERS_ENV: str(opts.senders)})
+    env = worker_env({**os.environ, SMTP_ENV: address, SENDERS_ENV: str(opts.senders)})
     env.pop("JUSTONCE_DATABASE_URL", None)
     cmd = [sys.executable, "-m", "justonce", "worker", "--app", "justonce.demo.push_app:app",
            "--database-url", url, "--queues", queue, "--lease", "3", "--heartbeat", "0.5", "--grace", "10",

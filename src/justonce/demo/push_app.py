@@ -30,11 +30,12 @@ from typing import Any
 from ..app import App
 from ..effects import EffectsOutcome
 from ..retry import Backoff
-from . import BouncedPostgres, connect, dialect
+from . import BouncedPostgres, connect, dialect, exit_with_parent
 from .mail import ThreadSMTP, render
 from .push_data import criteria_sql, load_push, sql
 
 app = App(strict=True)
+exit_with_parent()  # (in a worker the demo started: stop once the demo is gone)
 SENDERS_ENV = "JUSTONCE_DEMO_SENDERS"
 CHUNK_ENV = "JUSTONCE_DEMO_CHUNK"
 WINDOW = 50_000
