@@ -235,7 +235,7 @@ def test_kill_one_kills_a_worker_in_the_middle_of_its_chunk_and_lets_the_others_
 
 
 def test_the_rest_phase_scan_finds_r_analyzed_and_plans_each_window_for_its_own_values(db_url: str) -> None:
-    """At 10,000,000 users the rest phase's slot scans cost Postgres 3-5x what they should:
+    """At 10,000,000 users the rest phase's slot scans cost Postgres up to ~7x what they should:
     psycopg prepares the window query after five runs, the server then kept a generic plan
     that expects one user per window, and (R never analyzed, so taken for a few rows) it
     read all of R for every user a window found, in a parallel worker started per window.
