@@ -162,6 +162,14 @@ and write run them (_fetch: a connection of its own, autocommit, the settings in
 statement's implicit transaction); rows, dicts, many and write_count refuse them."""
 
 
+def _plain(name: str) -> str:
+    """Statement ``name`` for a path that sends it alone, on a caller's transaction or
+    through executemany: never one with PLANNER_LOCAL settings (only _fetch sends them)."""
+    if name in PLANNER_LOCAL:
+        raise AssertionError(f"{name} has planner settings of its own: run it with read() or write()")
+    return Q[name]
+
+
 def _prepare(name: str) -> bool | None:
     """psycopg's ``prepare`` for statement ``name``: never for PLANNED_EACH_TIME, else its
     default (prepared after a few runs)."""
@@ -456,21 +464,16 @@ class PostgresDialect(Dialect):
     def rows(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[Any]:
         # Every statement run here returns rows (in pipeline mode a cursor cannot tell
         # before it fetches); statements without results go through many().
-        if name in PLANNER_LOCAL:
-            raise AssertionError(f"{name} has planner settings of its own: read it with read()")
-        return c.cursor(row_factory=tuple_row).execute(Q[name], params, prepare=_prepare(name)).fetchall()
+        return c.cursor(row_factory=tuple_row).execute(_plain(name), params, prepare=_prepare(name)).fetchall()
 
     def dicts(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        if name in PLANNER_LOCAL:
-            raise AssertionError(f"{name} has planner settings of its own: read it with read()")
-        return c.cursor(row_factory=dict_row).execute(Q[name], params, prepare=_prepare(name)).fetchall()
+        return c.cursor(row_factory=dict_row).execute(_plain(name), params, prepare=_prepare(name)).fetchall()
 
     def many(self, c: psycopg.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
-        if name in PLANNED_EACH_TIME or name in PLANNER_LOCAL:
-            raise AssertionError(f"{name} is planned at each run or with settings of its own, "
-                                 "and executemany prepares it without them")
+        if name in PLANNED_EACH_TIME:
+            raise AssertionError(f"{name} is planned at each run, and executemany prepares it")
         if seq:
-            c.cursor().executemany(Q[name], seq)
+            c.cursor().executemany(_plain(name), seq)
 
     def read(self, name: str, params: dict[str, Any]) -> list[Any]:
         return self._fetch(name, params)
@@ -494,10 +497,8 @@ class PostgresDialect(Dialect):
         return self._fetch(name, params, dicts=True)
 
     def write_count(self, name: str, params: dict[str, Any]) -> int:
-        if name in PLANNER_LOCAL:
-            raise AssertionError(f"{name} has planner settings of its own: run it with write()")
         with self._connection() as conn:
-            return conn.execute(Q[name], params, prepare=_prepare(name)).rowcount
+            return conn.execute(_plain(name), params, prepare=_prepare(name)).rowcount
 
     def flip(self, c: psycopg.Connection, positions: dict[Key, set[int]]) -> dict[Key, Flip]:
         chunks = [[*key, sorted(positions[key])] for key in sorted(positions)]
