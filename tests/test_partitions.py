@@ -18,6 +18,7 @@ import proc_app
 from conftest import LONG
 from justonce import (
     App,
+    Enqueue,
     InvalidName,
     InvalidOption,
     JobState,
@@ -27,7 +28,13 @@ from justonce import (
     PartitionSetNotFound,
 )
 from justonce.models import SlotFence
-from justonce.partitions import partition_of, register_sqlite_functions, slot_expression, slot_predicate
+from justonce.partitions import (
+    partition_hash,
+    partition_of,
+    register_sqlite_functions,
+    slot_expression,
+    slot_predicate,
+)
 
 # -- hashing -----------------------------------------------------------------------------------
 
@@ -675,3 +682,45 @@ def test_a_scan_refuses_kwargs_that_are_no_mapping_of_names_or_clash_with_its_ow
     with pytest.raises(InvalidOption):
         app.partitions.scan("anything", column="id", n=2, kwargs=kwargs)
     assert app.list_jobs(limit=10000) == before
+
+
+def test_a_batch_or_list_callback_with_a_partition_key_is_claimed_by_its_slot(app: App) -> None:
+    """A callback given a partition key runs where the key's other jobs run: on the worker
+    holding its slot, never on a plain worker (its partition hash is kept with the stored
+    callback; once it was not, and such a callback waited for ever on partitioned workers)."""
+    @app.task
+    def done(**kwargs: Any) -> None: ...
+
+    keys: dict[str, str | int] = {"cb-batch": "acct-7", "cb-list": 12345}
+    batch = app.batches.open("p", on_complete=Enqueue(done, partition_key=keys["cb-batch"], queue="cb-batch"))
+    batch.seal()
+    app.lists.create("cb-list", items=["only"],
+                     on_complete=Enqueue(done, partition_key=keys["cb-list"], queue="cb-list"))
+    reservation = app.lists.reserve("cb-list", 1)
+    assert reservation is not None
+    app.lists.complete(reservation)
+    n = 4
+    for queue, key in keys.items():
+        assert [j.task for j in app.list_jobs(queue=queue)] == [done.name]
+        assert app.backend.job_claim(queue, 10, "plain", 30) == []  # not a plain worker's
+        leases = [app.partitions.try_acquire(queue, n, lease=30) for _ in range(n)]
+        fence = {lease.slot: SlotFence(queue, n, ((lease.slot, lease.token),)) for lease in leases if lease}
+        for other in sorted(set(fence) - {partition_of(key, n)}):
+            assert app.backend.job_claim(queue, 10, "w", 30, fence[other]) == []
+        [claimed] = app.backend.job_claim(queue, 10, "w", 30, fence[partition_of(key, n)])
+        assert claimed.partition_hash == partition_hash(key)
+        assert app.get_job(claimed.id).partition_key == str(key)
+
+
+def test_a_callback_stored_before_its_partition_hash_was_kept_gets_the_keys_hash() -> None:
+    """Callbacks stored by an older version have the key's text alone: an integer key's
+    digits give the integer's hash, any other text the text's (partition_hash's rule)."""
+    from justonce.backends.batchstore import callback_job
+
+    spec = {"task": "t", "queue": "q", "args": [], "kwargs": {}, "priority": 0, "max_attempts": 3,
+            "timeout": 60.0}
+    for key, stored in [(12345, "12345"), (-7, "-7"), ("acct-7", "acct-7"), ("007", "007"), ("+7", "+7")]:
+        job = callback_job({**spec, "partition_key": stored}, {})
+        assert job.partition_key == stored and job.partition_hash == partition_hash(key)
+    assert callback_job(spec, {}).partition_hash is None
+    assert callback_job({**spec, "partition_key": "k", "partition_hash": 99}, {}).partition_hash == 99

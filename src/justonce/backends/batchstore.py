@@ -24,7 +24,9 @@ the batch row, so a large add does not hold up completing acks.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -47,7 +49,7 @@ def callback_spec(job: NewJob) -> dict[str, Any]:
         "task": job.task, "queue": job.queue, "args": json.loads(job.args_json),
         "kwargs": json.loads(job.kwargs_json), "priority": job.priority,
         "max_attempts": job.max_attempts, "timeout": job.timeout,
-        "partition_key": job.partition_key,
+        "partition_key": job.partition_key, "partition_hash": job.partition_hash,
     }
 
 
@@ -60,7 +62,26 @@ def callback_job(spec: dict[str, Any], summary: dict[str, Any]) -> NewJob:
         kwargs_json=_dumps(kwargs), priority=spec["priority"],
         max_attempts=spec["max_attempts"], timeout=spec["timeout"],
         partition_key=spec.get("partition_key"),
+        partition_hash=_stored_hash(spec),
     )
+
+
+def _stored_hash(spec: dict[str, Any]) -> int | None:
+    """The callback's partition hash: stored with it (a callback without one would never
+    be claimed by a partitioned worker, the only kind that runs jobs with a partition key).
+    A spec stored before the hash was kept has only the key's text, an integer key stored
+    as its digits: canonical digits are taken for the integer they came from, any other
+    text hashed as text (the rule of ``partitions.partition_hash``)."""
+    if "partition_hash" in spec:
+        return None if spec["partition_hash"] is None else int(spec["partition_hash"])
+    key = spec.get("partition_key")
+    if key is None:
+        return None
+    text = str(key)
+    with contextlib.suppress(ValueError):
+        if str(int(text)) == text:
+            return int(text)
+    return zlib.crc32(text.encode())
 
 
 def _json(value: Any) -> Any:
