@@ -314,14 +314,19 @@ def test_sigterm_mid_work_inflight_jobs_finish_in_grace_exit_0_prefetched_jobs_r
 def test_sigterm_with_jobs_longer_than_grace_exits_0_and_releases_them_to_ready(
     app: App, db_url: str, fleet: Fleet, how: str
 ) -> None:
-    """SIGTERM a worker whose two in-flight jobs need 3 s, when the grace period (1 s) runs
+    """SIGTERM a worker whose three in-flight jobs need 3 s, when the grace period (1 s) runs
     out, or on a second SIGTERM (grace 30 s): the process exits 0 at once and the jobs are
-    released, ready again at once (their attempt counted), not left running until their
-    lease expires; another worker then completes them."""
+    given back at once, not left running until their lease expires. Their attempt counts:
+    the two with attempts left are ready again and another worker completes them; the one
+    on its last attempt (a batch's job) ends dead, its batch item failed, and never runs a
+    second time (once, a stop past the grace let it run past its max_attempts)."""
     grace = 1.0 if how == "grace_runs_out" else 30.0
-    w = fleet.start(concurrency=2, grace=grace, lease=30.0, heartbeat=1.0)
+    w = fleet.start(concurrency=3, grace=grace, lease=30.0, heartbeat=1.0)
     ids = app.enqueue_many(Enqueue(proc_app.slow_record, args=(n, 3.0)) for n in range(2))
-    wait_for(lambda: len(ledger(db_url, "start")) == 2, 20, "both jobs to start")
+    batch = app.batches.open("last attempts")
+    _, [last] = batch.enqueue_calls(proc_app.slow_record, [[2, 3.0]], max_attempts=1)
+    batch.seal()
+    wait_for(lambda: len(ledger(db_url, "start")) == 3, 20, "the three jobs to start")
     w.signal(signal.SIGTERM)
     t0 = time.monotonic()
     if how == "second_sigterm":
@@ -340,12 +345,19 @@ def test_sigterm_with_jobs_longer_than_grace_exits_0_and_releases_them_to_ready(
     for job_id in ids:
         job = app.get_job(job_id)
         assert (job.state, job.attempts, job.lease_owner) == ("ready", 1, None), job
+    dead = app.get_job(last)
+    assert (dead.state, dead.attempts, dead.lease_owner) == ("dead", 1, None), dead
+    assert [e["kind"] for e in dead.errors] == ["interrupted"] and "grace" in (dead.last_error or "")
+    info = app.batches.get(batch.id)
+    assert (info.state, info.acked, info.failed) == ("completed", 0, 1), info
     assert not ledger(db_url, "done")
 
-    other = fleet.start(concurrency=2)
+    other = fleet.start(concurrency=3)
     wait_for(lambda: state_counts(app)["succeeded"] == 2, 20, "another worker to run the jobs")
+    time.sleep(0.5)
     assert sorted(n for n, pid, _ in ledger(db_url) if pid == other.pid) == [0, 1]
     assert [app.get_job(i).attempts for i in ids] == [2, 2]
+    assert app.get_job(last).state == "dead"
 
 
 def test_sigterm_while_draining_a_busy_queue_exits_0_and_leaves_no_job_running(

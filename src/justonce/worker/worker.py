@@ -546,7 +546,22 @@ class Worker:
             if not (h.slot is not None and h.slot.abandoned) and h.started is not None:
                 self._running = max(0, self._running - 1)
             self._cond.notify_all()
-        self._release([h.job], refund=False)
+        if h.started is None:
+            self._release([h.job], refund=True)
+        else:
+            self._interrupt([h.job], "the worker's bookkeeping failed while it ran")
+
+    def _interrupt(self, jobs: list[ClaimedJob], why: str) -> None:
+        """End the attempt of jobs that started and are given up before they finished: the
+        attempt counts, as a lease that runs out would count it. A job with attempts left
+        is ready again at once; one on its last attempt ends dead (its batch item failed),
+        so a job that never finishes within a stop's grace cannot run past max_attempts.
+        A write that fails leaves the job to its lease, whose rescue does the same."""
+        for job in jobs:
+            failure = Failure(job.id, job.lease_token,
+                              f"interrupted during attempt {job.attempts}: {why} ({self.owner})",
+                              retry_in=0.0, batch_item=job.batch_item)
+            self._record_failure(job, failure, "interrupted", 0.0)
 
     def _record_failure(self, job: ClaimedJob, failure: Failure, kind: str, duration: float) -> None:
         state = None
@@ -816,9 +831,9 @@ class Worker:
         self._release([h.job for h in leftovers if h.started is None], refund=True)
         still_running = [h.job for h in leftovers if h.started is not None]
         if still_running:
-            emit(Event.WORKER_RELEASED, "grace period over: releasing running jobs",
+            emit(Event.WORKER_RELEASED, "grace period over: giving back running jobs",
                  jobs=[j.id for j in still_running])
-        self._release(still_running, refund=False)
+        self._interrupt(still_running, f"the worker stopped and its grace period ({grace:g}s) ran out")
         for _ in range(20):
             if self._flush_acks():
                 with self._lock:
