@@ -33,6 +33,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from fastapi import Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -182,14 +183,30 @@ async def require_own_session(request: Request) -> Principal:
 async def _check_csrf(request: Request, principal: Principal) -> None:
     if principal.via == "cookie" and request.method not in SAFE_METHODS:
         sent = request.headers.get(CSRF_HEADER)
-        if sent is None and request.headers.get("content-type", "").startswith(
-                ("application/x-www-form-urlencoded", "multipart/form-data")):
-            form = await request.form()
-            value = form.get("csrf")
-            sent = value if isinstance(value, str) else None
+        if sent is None and request.headers.get("content-type", "").lower().startswith(
+                "application/x-www-form-urlencoded"):
+            sent = await _form_field(request, "csrf")
         if not sent or not hmac.compare_digest(sent.encode(), (principal.csrf or "").encode()):
             raise Problem(403, "CsrfFailed", f"missing or wrong CSRF token (send it in "
-                          f"{CSRF_HEADER} or a csrf form field)")
+                          f"{CSRF_HEADER} or the csrf field of a urlencoded form)")
+
+
+MAX_FORM = 16 * 1024
+"""The largest urlencoded form read for its csrf field (the dashboard's forms are tiny)."""
+
+
+async def _form_field(request: Request, name: str) -> str | None:
+    """One field of a urlencoded body, read here rather than by Starlette's form parser
+    (which needs a package this service does not install: a form once made every cookie
+    POST a 500). A multipart body is not read: its token goes in the header."""
+    body = await request.body()
+    if len(body) > MAX_FORM:
+        raise Problem(413, "FormTooLarge", f"a form body is limited to {MAX_FORM} bytes")
+    try:
+        values = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50).get(name)
+    except (UnicodeDecodeError, ValueError):
+        raise Problem(400, "MalformedForm", "the form body is not urlencoded UTF-8") from None
+    return values[0] if values else None
 
 
 def audit(request: Request, principal: Principal, action: str, target: str | None = None,
