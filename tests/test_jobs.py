@@ -445,3 +445,26 @@ def test_the_job_enqueue_returns_is_the_job_the_database_holds(tapp: App) -> Non
                   "max_attempts", "timeout", "key", "partition_key", "run_at", "created_at",
                   "errors", "result", "last_error", "started_at", "finished_at"):
         assert getattr(job, field) == getattr(stored, field), field
+
+
+def test_a_time_filter_past_the_first_or_last_representable_utc_time_is_that_bound(app: App) -> None:
+    """0001-01-01T00:00+14:00 is a valid aware time whose UTC lies before year 1 (and
+    9999-12-31T23:59-23:59 after 9999): as a filter's bound it is the earliest or latest
+    time there is, on every backend (on MariaDB, once an OverflowError and a 500)."""
+    from datetime import timezone
+
+    from justonce.models import JobFilter
+
+    @app.task
+    def t() -> None: ...
+
+    ids = [t.enqueue().id for _ in range(3)]
+    first = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))
+    last = datetime(9999, 12, 31, 23, 59, tzinfo=timezone(-timedelta(hours=23, minutes=59)))
+    everything = sorted(ids, reverse=True)
+    cases = [(JobFilter(created_after=first), everything), (JobFilter(created_before=last), everything),
+             (JobFilter(created_before=first), []), (JobFilter(created_after=last), [])]
+    for where, expected in cases:
+        jobs, _ = app.list_jobs_page(where)
+        assert [j.id for j in jobs] == expected, where
+        assert app.count_matching("cancel", where)[0] == len(expected), where

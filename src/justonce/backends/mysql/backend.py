@@ -188,10 +188,15 @@ def _text(value: Any) -> str:
 
 
 def _naive(value: datetime) -> datetime:
-    """A time as the server's DATETIME(6) in UTC takes it."""
+    """A time as the server's DATETIME(6) in UTC takes it. An aware time whose UTC falls
+    outside Python's years 1-9999 (0001-01-01T00:00+14:00) is the earliest or latest
+    time there is: as a filter's bound it means the same, and it cannot be stored as given."""
     if value.tzinfo is None:
         return value
-    return value.astimezone(UTC).replace(tzinfo=None)
+    try:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    except OverflowError:
+        return datetime.min if value.year == 1 else datetime.max
 
 
 def _aware(value: Any) -> datetime | None:
