@@ -447,3 +447,20 @@ def test_a_bad_item_in_the_first_chunk_leaves_no_list_behind(lapp: App, bad: Any
         with pytest.raises(ListNotFound):
             lapp.lists.get("refused")
     assert [i.name for i in lapp.lists.list()] == []
+
+
+def test_the_largest_position_a_caller_may_name_is_refused_as_not_held_and_changes_nothing(app: App) -> None:
+    """Positions are 0 <= p < 2**63 at every entry; 2**63-1 is never held (no list is that
+    long). Refused like any position the reservation does not hold, alone or beside held
+    ones, by each ending operation (on Postgres the one-statement completion once sent it
+    as the range [2**63-1, 2**63): a bigint overflow and a 500 from the service)."""
+    app.lists.create("big-pos", items=range(10))
+    reservation = app.lists.reserve("big-pos", 3)
+    assert reservation is not None
+    for op in (app.lists.complete, app.lists.release, app.lists.bury):
+        for positions in ([2**63 - 1], [0, 2**63 - 1]):
+            with pytest.raises(PositionNotReserved):
+                op(reservation, positions=positions)
+    progress = app.lists.progress("big-pos")
+    assert (progress.reserved, progress.done, progress.buried) == (3, 0, 0)
+    assert app.lists.complete(reservation).completed == 3
