@@ -181,6 +181,12 @@ def test_effects_in_doubt_and_resolve(db_url: str) -> None:
         listed = run("effects", "in-doubt", "--scope", "push:9", *url).output
         assert "push:9" in listed and "77" in listed
         assert run("effects", "resolve", "push:9", "77", *url, ok=False).exit_code != 0
+        # Both verdicts at once is a usage error in either order (the last once won
+        # silently: "--done --redo" made an at-most-once entry claimable again).
+        for both in (["--done", "--redo"], ["--redo", "--done"]):
+            contradiction = run("effects", "resolve", "push:9", "77", *both, *url, ok=False)
+            assert contradiction.exit_code == 2 and "contradict" in contradiction.output
+            assert app.effects.get("push:9", 77).state == "in_doubt"
         assert "done" in run("effects", "resolve", "push:9", "77", "--done", *url).output
         bad = run("effects", "resolve", "push:9", "77", "--redo", *url, ok=False)
         assert bad.exit_code != 0 and "InvalidTransition" in bad.output

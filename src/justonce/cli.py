@@ -396,17 +396,21 @@ def effects_in_doubt(scope: str | None, limit: int, database_url: str | None) ->
 @effects.command("resolve")
 @click.argument("scope")
 @click.argument("keys", metavar="KEY...", nargs=-1, required=True)
-@click.option("--done", "verdict", flag_value="done", help="It happened: never redo it.")
-@click.option("--redo", "verdict", flag_value="redo", help="It did not happen: claimable again.")
+@click.option("--done", "done", is_flag=True, help="It happened: never redo it.")
+@click.option("--redo", "redo", is_flag=True, help="It did not happen: claimable again.")
 @click.option("--note", default=None, help="Why (kept as the entry's last error).")
 @click.option("--force", is_flag=True, help="Also resolve an entry whose lease is still live.")
 @database_option
-def effects_resolve(scope: str, keys: tuple[str, ...], verdict: str | None, note: str | None, force: bool,
+def effects_resolve(scope: str, keys: tuple[str, ...], done: bool, redo: bool, note: str | None, force: bool,
                     database_url: str | None) -> None:
     """Resolve effects in doubt: --done or --redo. With several keys, those not in doubt
     are named and left as they are (exit status 1)."""
-    if verdict is None:
-        raise click.UsageError("say --done or --redo")
+    # Two flags, not one option with two values: given both, the last used to win
+    # silently, and "--done --redo" made an at-most-once entry claimable again.
+    if done == redo:
+        raise click.UsageError("say --done or --redo" if not done else "--done and --redo contradict "
+                               "each other: say one of them")
+    verdict = "done" if done else "redo"
     effects = App(database_url).effects
     if len(keys) == 1:
         e = effects.resolve(scope, keys[0], done=verdict == "done", note=note, force=force)
