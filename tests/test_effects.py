@@ -450,3 +450,22 @@ def test_kill_9_mid_effect_leaves_it_in_doubt_or_it_is_redone_exactly_once(
     assert sorted(outcomes) == [False, False, False, True]
     info = app.effects.get("kill", 1)
     assert (info.state, info.attempts, info.result) == ("done", 2, "redone")
+
+
+def test_an_integer_key_is_measured_before_it_is_written_out(app: App) -> None:
+    """A key is at most 512 characters, an int key's digits (and sign) included: past that
+    every entry refuses it with InvalidName, even an int too long for str() (past 4,300
+    digits str() raises a ValueError of its own, which once escaped). Nothing is written."""
+    for key in (10**512, -(10**511), 10**5000, -(10**5000)):
+        for call in (lambda k: app.effects.run("huge", k, lambda _: None),
+                     lambda k: app.effects.run_many("huge", [1, k], lambda _: None),
+                     lambda k: app.effects.get("huge", k),
+                     lambda k: app.effects.resolve_many("huge", [k], done=True),
+                     lambda k: app.enqueue("proc_app.noop", key=k),
+                     lambda k: app.enqueue("proc_app.noop", partition_key=k)):
+            with pytest.raises(InvalidName):
+                call(key)
+    assert app.effects.counts("huge") == {} and app.list_jobs() == []
+    longest = 10**512 - 1  # 512 digits
+    assert app.effects.run("huge", longest, lambda k: k).ran
+    assert app.effects.get("huge", longest).state == "done"

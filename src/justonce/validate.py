@@ -26,6 +26,8 @@ MAX_JSON_DEPTH = 64
 refused, as the service could not write it back out (its JSON encoder stops at 255)."""
 MAX_ERROR_CHARS = 4000
 MAX_KEY_CHARS = 512
+_KEY_INTS = (-(10 ** (MAX_KEY_CHARS - 1)), 10**MAX_KEY_CHARS)
+"""An integer key strictly between these has at most MAX_KEY_CHARS characters, a sign included."""
 MAX_DELAY_SECONDS = 10 * 365 * 86400
 MAX_TIMEOUT_SECONDS = 7 * 86400
 MAX_ATTEMPTS = 1000
@@ -109,6 +111,10 @@ def optional_key(value: Any, what: str = "key") -> str | None:
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
+        # (Measured before str(): past 4,300 digits str() raises a ValueError of its own.)
+        if not _KEY_INTS[0] < value < _KEY_INTS[1]:
+            raise InvalidName(f"bad {what}: an integer longer than {MAX_KEY_CHARS} characters "
+                              f"(a key is at most {MAX_KEY_CHARS})")
         value = str(value)
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
         raise InvalidName(f"bad {what} {shown(value)}: a non-empty string of at most {MAX_KEY_CHARS}")
