@@ -469,3 +469,35 @@ def test_an_integer_key_is_measured_before_it_is_written_out(app: App) -> None:
     longest = 10**512 - 1  # 512 digits
     assert app.effects.run("huge", longest, lambda k: k).ran
     assert app.effects.get("huge", longest).state == "done"
+
+
+def test_a_callers_connection_that_cannot_see_the_schema_gets_a_clear_error(app: App, db_url: str) -> None:
+    """With ?schema=, justonce's statements on your connection resolve its tables through
+    your search_path. A connection without the schema on it gets InvalidOption naming the
+    two ways to put it there (not the server's "relation does not exist"), and nothing is
+    claimed; with the schema set for the transaction, the same calls work."""
+    if not db_url.startswith("postgres"):
+        pytest.skip("?schema= is Postgres's")
+    import psycopg
+
+    from justonce.backends.postgres.backend import parse_postgres_url
+
+    conninfo, schema, _ = parse_postgres_url(db_url)
+    assert schema
+    lease = app.partitions.try_acquire("schema-fence", 1, lease=30)
+    assert lease is not None
+    with psycopg.connect(conninfo) as conn:  # the default search_path: no justonce schema
+        for call in (lambda: app.effects.run("sc", 1, lambda k: 1, conn=conn),
+                     lambda: app.effects.claim("sc", 2, conn=conn),
+                     lambda: lease.fence(conn),
+                     lambda: app.enqueue("proc_app.noop", conn=conn)):
+            with pytest.raises(InvalidOption, match="search_path"):
+                call()
+            conn.rollback()
+        with conn.transaction():
+            conn.execute("SELECT set_config('search_path', %s, true)", (schema,))
+            assert app.effects.run("sc", 1, lambda k: 1, conn=conn).ran
+            lease.fence(conn)
+            app.enqueue("proc_app.noop", conn=conn)
+    assert app.effects.counts("sc") == {"done": 1} and len(app.list_jobs()) == 1
+    lease.release()

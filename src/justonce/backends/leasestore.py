@@ -70,8 +70,11 @@ class LeaseOps:
         # frozen inside that transaction would keep every standby out for as long as it is
         # frozen: where it can be done for the transaction alone, the server ends it once
         # idle for a lease (by then the lease has run out anyway).
-        self.d.guard_fence(c, lease)
-        return bool(self.d.rows(c, "lease_fence", {"set": set_name, "slot": slot, "token": token}))
+        def run(c: Any) -> bool:
+            self.d.guard_fence(c, lease)
+            return bool(self.d.rows(c, "lease_fence", {"set": set_name, "slot": slot, "token": token}))
+
+        return self.d.on(c, run)  # (on the caller's connection, as every conn= call runs)
 
     def lease_list(self, set_name: str | None) -> list[SlotInfo]:
         rows: Sequence[Any] = self.d.read("lease_list", {"set": set_name})

@@ -419,7 +419,9 @@ class PostgresDialect(Dialect):
     # -- the dialect's primitives (dialect.py) ----------------------------------------
     def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
         if conn is not None:
-            return fn(self._caller_connection(conn))
+            c = self._caller_connection(conn)
+            with self._caller_schema():
+                return fn(c)
         with self._connection() as c:
             if not atomic or self._local_schema is not None:  # (there, c is in one already)
                 return fn(c)
@@ -434,6 +436,22 @@ class PostgresDialect(Dialect):
         self._ensure_schema()
         return conn
 
+    @contextmanager
+    def _caller_schema(self) -> Iterator[None]:
+        """justonce's statements name its tables unqualified: on your connection, with
+        ``?schema=``, they resolve through your search_path. One that cannot see them gets
+        this error, not the server's "relation does not exist"."""
+        try:
+            yield
+        except psycopg.errors.UndefinedTable as exc:
+            if self.schema is None:
+                raise
+            raise InvalidOption(
+                f"your connection does not see justonce's tables in schema {self.schema!r} "
+                f"({str(exc).splitlines()[0]}): connect with options='-c search_path={self.schema}' "
+                f"or run SELECT set_config('search_path', '{self.schema}', true) in your "
+                "transaction first") from None
+
     def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
         if conn is None:
             return self.on(None, fn, atomic=True)
@@ -447,13 +465,14 @@ class PostgresDialect(Dialect):
                 f"{level[0] if level else 'unknown'}: use another connection for them"
             )
         if c.autocommit:  # a transaction of its own (a savepoint inside a transaction block)
-            with c.transaction():
+            with self._caller_schema(), c.transaction():
                 return fn(c)
         # Inside the caller's transaction (psycopg opens it before the SAVEPOINT if none is
         # open), under a savepoint so that a refused call leaves the caller's writes alone.
         c.execute("SAVEPOINT justonce")
         try:
-            result = fn(c)
+            with self._caller_schema():
+                result = fn(c)
         except BaseException:
             c.execute("ROLLBACK TO SAVEPOINT justonce")
             c.execute("RELEASE SAVEPOINT justonce")
