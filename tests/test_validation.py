@@ -101,6 +101,19 @@ def test_one_bad_job_in_a_bulk_enqueue_writes_none(vapp: App) -> None:
     assert_nothing_written(vapp)
 
 
+def test_an_unknown_option_to_a_bulk_enqueue_or_a_scan_is_refused_by_name(vapp: App) -> None:
+    """enqueue_calls, a batch's enqueue_calls and partitions.scan pass their options to
+    every job: a misspelt one is InvalidOption naming it (it once reached Enqueue as a
+    TypeError), and nothing is written."""
+    batch = vapp.batches.open("options")
+    for call in (lambda: vapp.enqueue_calls("t", [[1]], prioirty=3),
+                 lambda: batch.enqueue_calls("t", [[1]], colour="red"),
+                 lambda: vapp.partitions.scan("t", column="id", n=2, args=[1])):
+        with pytest.raises(InvalidOption, match="unknown option"):
+            call()
+    assert vapp.list_jobs() == [] and vapp.batches.get(batch.id).total == 0
+
+
 def test_arguments_nested_64_deep_are_accepted_and_brackets_in_text_do_not_count(vapp: App) -> None:
     job = vapp.enqueue("t", [DEEP[0]], kwargs={"k": "[" * 1000})
     assert vapp.get_job(job.id).args == [DEEP[0]]

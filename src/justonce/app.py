@@ -22,7 +22,7 @@ from .lists import Lists
 from .models import Job, JobFilter, MetricsSnapshot, NewJob, QueueCount, QueueStats
 from .partitions import Partitions, partition_hash
 from .retry import Backoff
-from .tasks import Enqueue, Task
+from .tasks import Enqueue, Task, call_template
 from .tokens import Audit, Tokens
 from .types import JobState
 
@@ -210,7 +210,7 @@ class App:
         """Queue one job per call (a tuple of positional arguments or a dict of keyword
         arguments) with the same options, in one round trip. The options are validated
         once, not once per job."""
-        template = self.build(Enqueue(task, **options))
+        template = self.build(call_template(task, options))
         calls = validate.call_list(calls)
         if not calls:
             return []

@@ -20,7 +20,7 @@ from .backends.batchstore import callback_spec
 from .errors import BatchNotFound, InvalidOption
 from .items import MAX_GROUP_ITEMS, ItemGroup, parse_item_ids
 from .models import AckResult, BatchInfo, BatchPruneReport, ItemFailure, SealResult
-from .tasks import Enqueue, Task
+from .tasks import Enqueue, Task, call_template
 from .types import BatchState
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class Batches:
                       **options: Any) -> tuple[ItemGroup, list[int]]:
         """Like :meth:`App.enqueue_calls`, one job per call, each job an item of a new
         group of the batch (the fast path for a large fan-out)."""
-        template = self.app.build(Enqueue(task, **options))
+        template = self.app.build(call_template(task, options))
         calls = validate.call_list(calls)
         _check_jobs(len(calls), template.key is not None)
         args_doc, kwargs_doc = validate.batch_arguments(calls)

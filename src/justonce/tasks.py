@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from .errors import InvalidOption
 from .retry import Backoff
 
 if TYPE_CHECKING:
@@ -31,6 +32,21 @@ class Enqueue:
     partition_key: str | int | None = None
     max_attempts: int | None = None
     timeout: float | None = None
+
+
+CALL_OPTIONS = ("delay", "run_at", "priority", "queue", "key", "partition_key", "max_attempts", "timeout")
+"""The options that ``enqueue_calls`` and ``partitions.scan`` pass on to every job."""
+
+
+def call_template(task: str | Task, options: dict[str, Any]) -> Enqueue:
+    """The job options shared by every call of ``enqueue_calls`` (or a scan's slots): a
+    name that is not one of them is refused by name (a misspelt ``prioirty=`` once
+    reached ``Enqueue`` as a TypeError)."""
+    unknown = sorted(set(options) - set(CALL_OPTIONS))
+    if unknown:
+        raise InvalidOption(f"unknown option {', '.join(map(repr, unknown))}: a job takes "
+                            f"{', '.join(CALL_OPTIONS)}")
+    return Enqueue(task, **options)
 
 
 @dataclass
