@@ -136,6 +136,28 @@ def test_sync_task_past_its_timeout_is_failed_and_the_worker_keeps_serving(app: 
     release.set()
 
 
+def test_a_timeout_error_a_task_raises_itself_is_its_failure_not_the_jobs_timeout(
+        app: App, worker_factory) -> None:
+    """A task may raise TimeoutError of its own (a socket read, an inner asyncio
+    wait_for) well within its job's timeout: that attempt failed with the task's own
+    message and traceback (kind "failed"), not "ran over its timeout" (once every
+    TimeoutError was taken for the job's timeout, and the task's message was lost)."""
+    @app.task(name="own_sync", timeout=300, max_attempts=1)
+    def own_sync() -> None:
+        raise TimeoutError("upstream read timed out after 2s")
+
+    @app.task(name="own_async", timeout=300, max_attempts=1)
+    async def own_async() -> None:
+        await asyncio.wait_for(asyncio.sleep(10), 0.01)
+
+    worker_factory()
+    jobs = ((own_sync.enqueue(), "upstream read timed out"), (own_async.enqueue(), "TimeoutError"))
+    for job, message in jobs:
+        final = app.wait(job.id, 10)
+        assert final.state is JobState.DEAD and [e["kind"] for e in final.errors] == ["failed"], final.errors
+        assert message in (final.last_error or "") and "ran over" not in (final.last_error or "")
+
+
 def test_worker_drains_many_jobs_exactly_once(app: App, worker_factory) -> None:
     seen: list[int] = []
     lock = threading.Lock()

@@ -56,7 +56,15 @@ class AsyncRunner:
     def submit(self, task: Task, job: ClaimedJob) -> concurrent.futures.Future[Any]:
         async def run() -> Any:
             _current.set(job)  # this coroutine's own context: concurrent jobs do not mix
-            return await asyncio.wait_for(task.fn(*job.args, **job.kwargs), job.timeout)
+            try:
+                async with asyncio.timeout(job.timeout) as deadline:
+                    return await task.fn(*job.args, **job.kwargs)
+            except TimeoutError:
+                # The deadline's own TimeoutError, or one the task raised (a socket's or
+                # an inner wait_for's): only the first is the job's timeout.
+                if deadline.expired():
+                    raise Overran() from None
+                raise
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop())
 
@@ -65,6 +73,12 @@ class AsyncRunner:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
+
+
+class Overran(Exception):
+    """An async task's attempt ran past its ``timeout``. (Not TimeoutError: a task raises
+    that for timeouts of its own, an HTTP read say, and those are plain failures with
+    their message, not the job's timeout.) A sync task's overrun is seen by the worker."""
 
 
 def _error_text(exc: BaseException) -> str:
@@ -114,7 +128,7 @@ class Executor:
                     result = task.fn(*job.args, **job.kwargs)
                 finally:
                     _current.reset(ctx)
-        except TimeoutError:
+        except Overran:
             return self._fail(job, start, "timeout", task,
                               f"timeout: attempt {job.attempts} ran over {job.timeout:g}s")
         except concurrent.futures.CancelledError:
