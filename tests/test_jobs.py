@@ -468,3 +468,26 @@ def test_a_time_filter_past_the_first_or_last_representable_utc_time_is_that_bou
         jobs, _ = app.list_jobs_page(where)
         assert [j.id for j in jobs] == expected, where
         assert app.count_matching("cancel", where)[0] == len(expected), where
+
+
+def test_a_bulk_enqueue_gives_ids_in_the_order_given_whatever_the_keys(app: App) -> None:
+    """Jobs of one enqueue_many call run in the order given: ids ascend in that order
+    even where the jobs carry keys that sort otherwise (keyed rows are inserted in key
+    order, so that concurrent bulk inserts lock keys in one order). Once the keys' order
+    decided: an account's "updated" event, key evt-aa, ran before its "created", evt-zz."""
+    @app.task
+    def event(n: int) -> None: ...
+
+    keys = ["evt-zz", None, "evt-mm", "evt-aa", None, "evt-bb"]
+    requests = [Enqueue(event, args=(n,), key=k, partition_key="acct-1") for n, k in enumerate(keys)]
+    ids = app.enqueue_many(requests)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert [app.get_job(i).args for i in ids] == [[n] for n in range(len(keys))]
+    # Again with some keys held by live jobs: those answer the live job, the rest ascend.
+    more = ["evt-zz", "evt-yy", None, "evt-aa", "evt-ab"]
+    again = app.enqueue_many([Enqueue(event, args=(10 + n,), key=k, partition_key="acct-1")
+                              for n, k in enumerate(more)])
+    assert again[0] == ids[0] and again[3] == ids[3]
+    fresh = [again[i] for i in (1, 2, 4)]
+    assert fresh == sorted(fresh) and min(fresh) > max(ids)
+    assert [app.get_job(i).args for i in fresh] == [[11], [12], [14]]

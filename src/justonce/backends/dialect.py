@@ -198,14 +198,16 @@ class Dialect:
     def insert_rows(self, c: Any, jobs: Sequence[NewJob],
                     params: Callable[[NewJob], dict[str, Any]]) -> list[int | None]:
         """Insert jobs that differ in their options; each one's id in input order, None for
-        a job whose key a live job holds. Default: ``job_insert`` once per job (no
-        multi-row insert reports which rows a unique key refused), keyed jobs first in key
-        order: two bulk inserts of the same keys lock them in the same order, so they
-        cannot deadlock on each other."""
+        a job whose key a live job holds. The ids ascend in the order given: jobs run in
+        it, a partition key's jobs one at a time (the partitioned claim goes by id).
+        Default: ``job_insert`` once per job, in the order given (no multi-row insert
+        reports which rows a unique key refused). Where concurrent writers lock keys (not
+        SQLite's one writer), a dialect inserts keyed jobs in key order instead, so that
+        two bulk inserts of the same keys cannot deadlock, and must then give the ids back
+        in the order given."""
         out: list[int | None] = [None] * len(jobs)
-        order = sorted(range(len(jobs)), key=lambda i: (jobs[i].key is None, jobs[i].key or "", i))
-        for i in order:
-            rows = self.rows(c, "job_insert", params(jobs[i]))
+        for i, job in enumerate(jobs):
+            rows = self.rows(c, "job_insert", params(job))
             out[i] = int(rows[0][0]) if rows else None
         return out
 

@@ -42,6 +42,7 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
+from ...models import NewJob
 from ...validate import shown
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
@@ -717,6 +718,25 @@ class MySQLDialect(Dialect):
             return [(_text(k), t) for k, t in cur.fetchall()]
 
     # -- bulk inserts ----------------------------------------------------------------------------------
+    def insert_rows(self, c: pymysql.Connection, jobs: Sequence[NewJob],
+                    params: Callable[[NewJob], dict[str, Any]]) -> list[int | None]:
+        # Keyed jobs in key order: two bulk inserts of the same keys lock them in one order
+        # (InnoDB's unique index) and cannot deadlock. That draws their ids in key order;
+        # the ids are then handed back to the jobs in the order given (our own rows, not
+        # visible to anyone before the commit), so that the jobs run in that order.
+        out: list[int | None] = [None] * len(jobs)
+        for i in sorted(range(len(jobs)), key=lambda i: (jobs[i].key is None, jobs[i].key or "", i)):
+            rows = self.rows(c, "job_insert", params(jobs[i]))
+            out[i] = int(rows[0][0]) if rows else None
+        mine = [i for i in out if i is not None]
+        given = iter(sorted(mine))
+        wanted = [None if i is None else next(given) for i in out]
+        moves = [[old, new] for old, new in zip(out, wanted, strict=True) if old != new]
+        if moves:
+            for step in ("job_ids_step_aside", "job_ids_reorder"):
+                self._run(c, step, {"moves": json.dumps(moves)})
+        return wanted
+
     def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
                      kwargs_doc: str) -> list[int]:
         if not self.consecutive_ids:

@@ -628,9 +628,9 @@ class PostgresDialect(Dialect):
         cur.execute(Q["job_insert_many"], {"rows": rows_json, "channel": self.channel},
                     prepare=_prepare("job_insert_many"))
         rows = cur.fetchall()
-        # Identity values are drawn in insert order (ORDER BY key, ord: unkeyed rows come
-        # last, in input order), so the unkeyed rows' ids sorted ascending line up with the
-        # unkeyed jobs in input order; keyed rows are matched by key.
+        # Ids are drawn in input order (job_insert_many), so the unkeyed rows' ids sorted
+        # ascending line up with the unkeyed jobs in input order; keyed rows are matched
+        # by key.
         by_key = {k: i for i, k, _ in rows if k is not None}
         unkeyed = iter(sorted(i for i, k, _ in rows if k is None))
         return [next(unkeyed) if j.key is None else by_key.get(j.key) for j in jobs]
