@@ -556,31 +556,36 @@ class Worker:
         attempt counts, as a lease that runs out would count it. A job with attempts left
         is ready again at once; one on its last attempt ends dead (its batch item failed),
         so a job that never finishes within a stop's grace cannot run past max_attempts.
-        A write that fails leaves the job to its lease, whose rescue does the same."""
+        A write that fails leaves the job to its lease, whose rescue does the same; after
+        one failed write the rest are left to theirs too (a stop must not wait on a
+        database that is down, job after job)."""
         for job in jobs:
             failure = Failure(job.id, job.lease_token,
                               f"interrupted during attempt {job.attempts}: {why} ({self.owner})",
                               retry_in=0.0, batch_item=job.batch_item)
-            self._record_failure(job, failure, "interrupted", 0.0)
+            if not self._record_failure(job, failure, "interrupted", 0.0, tries=1):
+                return
 
-    def _record_failure(self, job: ClaimedJob, failure: Failure, kind: str, duration: float) -> None:
+    def _record_failure(self, job: ClaimedJob, failure: Failure, kind: str, duration: float,
+                        tries: int = 3) -> bool:
+        """Write a failed attempt (``tries`` times at most); False if it could not be written."""
         state = None
-        for attempt in range(3):
+        for attempt in range(tries):
             try:
                 state = self.backend.job_fail(failure, kind)
                 break
             except Exception as exc:
-                if attempt == 2:
+                if attempt == tries - 1:
                     emit(Event.JOB_FAIL_WRITE_ERROR, "could not record failure; the lease will "
                          "expire and the job will be re-offered", job_id=job.id, error=str(exc))
-                    return
+                    return False
                 time.sleep(0.2 * (attempt + 1))
         failpoints.hit("fail.after_commit")
         if state is None:
             self.stats.rejected += 1
             emit(Event.JOB_REJECTED, "late write rejected: lease lost", job_id=job.id,
                  task=job.task, queue=job.queue, outcome=kind, token=job.lease_token)
-            return
+            return True
         self.stats.failed += 1
         event = _FAILURE_EVENTS.get(kind, Event.JOB_FAILED)
         if wanted(event, log):
@@ -589,6 +594,7 @@ class Worker:
                  retry_in=None if failure.retry_in is None else round(failure.retry_in, 3),
                  duration_ms=round(duration * 1000, 3),
                  error=failure.error.splitlines()[-1][:200] if failure.error else None)
+        return True
 
     # -- acker -------------------------------------------------------------------------
     def _ack_loop(self) -> None:
