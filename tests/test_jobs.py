@@ -491,3 +491,26 @@ def test_a_bulk_enqueue_gives_ids_in_the_order_given_whatever_the_keys(app: App)
     fresh = [again[i] for i in (1, 2, 4)]
     assert fresh == sorted(fresh) and min(fresh) > max(ids)
     assert [app.get_job(i).args for i in fresh] == [[11], [12], [14]]
+
+
+def test_a_bulk_enqueue_on_your_autocommit_connection_commits_once_in_the_order_given(
+        app: App, db_url: str) -> None:
+    """On your own connection in autocommit, enqueue_many is still one transaction (on
+    MariaDB its rows' ids are handed back in the order given before the commit: a worker
+    must never see a row whose id is about to change), and leaves the connection as it was."""
+    import proc_app
+
+    @app.task
+    def event(n: int) -> None: ...
+
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        keys = ["k-z", "k-a", None, "k-m"]
+        ids = app.enqueue_many([Enqueue(event, args=(n,), key=k, partition_key=1) for n, k in enumerate(keys)],
+                               conn=conn)
+        assert ids == sorted(ids)
+        assert [app.get_job(i).args for i in ids] == [[0], [1], [2], [3]]
+        if db_url.startswith("mysql"):
+            assert conn.get_autocommit() and not app.backend.mysql._in_transaction(conn)
+    finally:
+        conn.close()

@@ -552,7 +552,13 @@ class MySQLDialect(Dialect):
 
     def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
         if conn is not None:
-            return fn(self._caller_connection(conn))
+            c = self._caller_connection(conn)
+            if atomic and not self._in_transaction(c):
+                # Your connection in autocommit, outside a transaction: the operation's
+                # statements still commit together (a bulk insert's rows, and the ids it
+                # hands back in the order given before anyone may claim them).
+                return self._caller_autocommit_tx(c, fn)
+            return fn(c)
         if atomic:
             return self._own_tx(fn)
         with self._connection() as c:
@@ -565,6 +571,19 @@ class MySQLDialect(Dialect):
             )
         self._ensure_schema()
         return conn
+
+    @staticmethod
+    def _caller_autocommit_tx(c: pymysql.Connection, fn: Callable[[Any], T]) -> T:
+        with c.cursor() as cur:
+            cur.execute("BEGIN")
+            try:
+                result = fn(c)
+            except BaseException as exc:
+                if _code(exc) != DEADLOCK:  # (a deadlock victim was rolled back already)
+                    cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+        return result
 
     @staticmethod
     def _in_transaction(c: pymysql.Connection) -> bool:
