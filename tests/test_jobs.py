@@ -514,3 +514,48 @@ def test_a_bulk_enqueue_on_your_autocommit_connection_commits_once_in_the_order_
             assert conn.get_autocommit() and not app.backend.mysql._in_transaction(conn)
     finally:
         conn.close()
+
+
+def test_concurrent_bulk_enqueues_of_partly_shared_keys_in_any_order_neither_deadlock_nor_reorder(
+        db_url: str) -> None:
+    """Four threads bulk-enqueue jobs whose keys overlap in part, in random orders, with
+    options that differ (the row-by-row path): no call fails (no deadlock), each keyed
+    request answers the live job holding its key, and each call's own new jobs have ids
+    ascending in the order given."""
+    import random
+
+    apps = [App(db_url) for _ in range(4)]
+    apps[0].migrate()
+    for a in apps:
+        make_tasks(a)
+    errors: list[BaseException] = []
+    calls: list[tuple[list[Enqueue], list[int]]] = []
+    barrier = threading.Barrier(4)
+
+    def run(t: int) -> None:
+        rnd = random.Random(t)
+        barrier.wait()
+        for r in range(12):
+            reqs = [Enqueue("add", args=(t, r * 100 + i), priority=rnd.randrange(3),
+                            key=f"k{rnd.randrange(150)}" if rnd.random() < 0.8 else None)
+                    for i in range(30)]
+            try:
+                calls.append((reqs, apps[t].enqueue_many(reqs)))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors[:3]
+    for reqs, ids in calls:
+        mine = [job_id for req, job_id in zip(reqs, ids, strict=True)
+                if apps[0].get_job(job_id).args == list(req.args)]
+        assert mine == sorted(mine)
+        for req, job_id in zip(reqs, ids, strict=True):
+            if req.key is not None:
+                assert apps[0].get_job(job_id).key == req.key
+    for a in apps:
+        a.close()

@@ -739,22 +739,26 @@ class MySQLDialect(Dialect):
     # -- bulk inserts ----------------------------------------------------------------------------------
     def insert_rows(self, c: pymysql.Connection, jobs: Sequence[NewJob],
                     params: Callable[[NewJob], dict[str, Any]]) -> list[int | None]:
-        # Keyed jobs in key order: two bulk inserts of the same keys lock them in one order
-        # (InnoDB's unique index) and cannot deadlock. That draws their ids in key order;
-        # the ids are then handed back to the jobs in the order given (our own rows, not
-        # visible to anyone before the commit), so that the jobs run in that order.
-        out: list[int | None] = [None] * len(jobs)
-        for i in sorted(range(len(jobs)), key=lambda i: (jobs[i].key is None, jobs[i].key or "", i)):
-            rows = self.rows(c, "job_insert", params(jobs[i]))
-            out[i] = int(rows[0][0]) if rows else None
-        mine = [i for i in out if i is not None]
-        given = iter(sorted(mine))
-        wanted = [None if i is None else next(given) for i in out]
-        moves = [[old, new] for old, new in zip(out, wanted, strict=True) if old != new]
-        if moves:
-            for step in ("job_ids_step_aside", "job_ids_reorder"):
-                self._run(c, step, {"moves": json.dumps(moves)})
-        return wanted
+        # Every job is inserted in the order given (its id ascends with it: jobs run in that
+        # order), a keyed job without its key; then the keys are set in key order. Only the
+        # keys take locks another transaction may wait on (the live-key unique index), so
+        # two bulk inserts of the same keys take them in one order and cannot deadlock.
+        # A key a live job holds (or an earlier job of this call) refuses its job, which
+        # is deleted again: None, as job_insert answers.
+        out: list[int | None] = []
+        for job in jobs:
+            p = params(job)
+            out.append(int(self.rows(c, "job_insert", {**p, "key": None} if job.key else p)[0][0]))
+        for i in sorted((i for i, j in enumerate(jobs) if j.key is not None), key=lambda i: (jobs[i].key, i)):
+            job_id = out[i]
+            try:
+                self._run(c, "job_take_key", {"id": job_id, "key": jobs[i].key})
+            except pymysql.err.IntegrityError as exc:
+                if _code(exc) != DUPLICATE:
+                    raise
+                self._run(c, "job_drop_unkeyed", {"id": job_id})
+                out[i] = None
+        return out
 
     def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
                      kwargs_doc: str) -> list[int]:

@@ -49,21 +49,15 @@ VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
 ON DUPLICATE KEY UPDATE id = id;
 SELECT id, state, run_at, created_at, NULL FROM justonce_jobs WHERE id = LAST_INSERT_ID();
 
--- name: job_ids_step_aside
--- dialect-only: MySQLDialect.insert_rows hands the ids of the jobs it just inserted (in
--- key order) back in the order the jobs were given: %(moves)s is [[id, new id], ...], a
--- permutation of those ids. Every moved row steps aside to its negative id first (a unique
--- key is checked row by row), so that no new id meets a row that still holds it.
-UPDATE justonce_jobs j
-  JOIN JSON_TABLE(%(moves)s, '$[*]' COLUMNS (old BIGINT PATH '$[0]')) m ON j.id = m.old
-   SET j.id = -j.id;
+-- name: job_take_key
+-- dialect-only: MySQLDialect.insert_rows inserts a bulk insert's keyed jobs without their
+-- key, in the order given, then sets the keys in key order: a key a live job holds fails
+-- this with a duplicate key error (1062), which ends only this statement.
+UPDATE justonce_jobs SET `key` = %(key)s WHERE id = %(id)s AND `key` IS NULL;
 
--- name: job_ids_reorder
--- dialect-only: then each takes its new id (see job_ids_step_aside).
-UPDATE justonce_jobs j
-  JOIN JSON_TABLE(%(moves)s, '$[*]' COLUMNS (old BIGINT PATH '$[0]', new BIGINT PATH '$[1]')) m
-    ON j.id = -m.old
-   SET j.id = m.new;
+-- name: job_drop_unkeyed
+-- dialect-only: the job whose key was refused (see job_take_key), never committed.
+DELETE FROM justonce_jobs WHERE id = %(id)s AND `key` IS NULL;
 
 -- name: job_insert_doc
 -- dialect-only: MariaDB's bulk insert of calls (MySQLDialect.insert_calls)

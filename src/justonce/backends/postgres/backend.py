@@ -448,8 +448,8 @@ class PostgresDialect(Dialect):
                 raise
             raise InvalidOption(
                 f"your connection does not see justonce's tables in schema {self.schema!r} "
-                f"({str(exc).splitlines()[0]}): connect with options='-c search_path={self.schema}' "
-                f"or run SELECT set_config('search_path', '{self.schema}', true) in your "
+                f"({str(exc).splitlines()[0]}): connect with options='-c search_path={self.schema},public' "
+                f"or run SELECT set_config('search_path', '{self.schema},public', true) in your "
                 "transaction first") from None
 
     def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:

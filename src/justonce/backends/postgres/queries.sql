@@ -37,9 +37,10 @@ SELECT id, state, run_at, created_at,
 -- args and kwargs are embedded as JSON): Postgres parses it in C, which is several times
 -- cheaper than sending eleven typed arrays. Ids are drawn in the order the rows are given
 -- (the CTE, volatile, is scanned once in ordinality order) and the rows inserted in key
--- order: jobs run in the order given, and concurrent bulk inserts cannot deadlock.
+-- order: jobs run in the order given, and concurrent bulk inserts cannot deadlock. (An
+-- explicit nextval needs USAGE on the sequence, which the identity default does not.)
 WITH seq AS (
-    SELECT pg_get_serial_sequence('justonce_jobs', 'id') AS name
+    SELECT pg_get_serial_sequence('justonce_jobs', 'id')::regclass AS name
 ), d AS (
     SELECT e.ord, nextval((SELECT name FROM seq)) AS id, e.r->>0 AS queue, e.r->>1 AS task, e.r->2 AS args, e.r->3 AS kwargs,
            (e.r->>4)::int AS priority,
