@@ -719,7 +719,8 @@ def test_a_callback_stored_before_its_partition_hash_was_kept_gets_the_keys_hash
 
     spec = {"task": "t", "queue": "q", "args": [], "kwargs": {}, "priority": 0, "max_attempts": 3,
             "timeout": 60.0}
-    for key, stored in [(12345, "12345"), (-7, "-7"), ("acct-7", "acct-7"), ("007", "007"), ("+7", "+7")]:
+    for key, stored in [(12345, "12345"), (-7, "-7"), ("acct-7", "acct-7"), ("007", "007"), ("+7", "+7"),
+                        (2**63 - 1, str(2**63 - 1)), (str(2**63), str(2**63)), (str(10**20), str(10**20))]:
         job = callback_job({**spec, "partition_key": stored}, {})
         assert job.partition_key == stored and job.partition_hash == partition_hash(key)
     assert callback_job(spec, {}).partition_hash is None

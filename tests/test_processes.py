@@ -348,6 +348,8 @@ def test_sigterm_with_jobs_longer_than_grace_exits_0_and_releases_them_to_ready(
     dead = app.get_job(last)
     assert (dead.state, dead.attempts, dead.lease_owner) == ("dead", 1, None), dead
     assert [e["kind"] for e in dead.errors] == ["interrupted"] and "grace" in (dead.last_error or "")
+    assert ("second signal" in (dead.last_error or "")) == (how == "second_sigterm"), dead.last_error
+    assert sorted(e["job_id"] for e in w.events("job.interrupted")) == sorted([*ids, last]), w.tail()
     info = app.batches.get(batch.id)
     assert (info.state, info.acked, info.failed) == ("completed", 0, 1), info
     assert not ledger(db_url, "done")

@@ -112,6 +112,11 @@ def test_an_unknown_option_to_a_bulk_enqueue_or_a_scan_is_refused_by_name(vapp: 
         with pytest.raises(InvalidOption, match="unknown option"):
             call()
     assert vapp.list_jobs() == [] and vapp.batches.get(batch.id).total == 0
+    # In your transaction, a scan refused for an option leaves no batch behind either.
+    opened = {b.id for b in vapp.batches.list()}
+    with vapp.backend.transaction() as c, pytest.raises(InvalidOption, match="unknown option"):
+        vapp.partitions.scan("t", column="id", n=2, prioirty=3, conn=c)
+    assert {b.id for b in vapp.batches.list()} == opened
 
 
 def test_arguments_nested_64_deep_are_accepted_and_brackets_in_text_do_not_count(vapp: App) -> None:

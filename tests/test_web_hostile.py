@@ -214,10 +214,11 @@ def test_every_cookie_post_needs_the_sessions_own_csrf_token(
     browser, csrf = sign_in(server, server.admin)
     with closing(browser):
         form = {"content-type": "application/x-www-form-urlencoded"}
-        for bad in ("csrf=", f"csrf={csrf}x", "csrf=%ff%fe", "other=" + csrf, "x" * 20_000 + f"&csrf={csrf}"):
-            r = browser.post("/api/v1/session/end", content=bad.encode(), headers=form)
-            assert r.status_code in (400, 403, 413), (bad[:40], r.status_code, r.text)
-            assert r.headers["content-type"].startswith("application/problem+json"), r.text
+        for bad, status in [("csrf=", 403), (f"csrf={csrf}x", 403), ("csrf=%ff%fe", 403),
+                            ("other=" + csrf, 403), (f"csrf=wrong&csrf={csrf}", 403),  # the first counts
+                            (b"csrf=\xff", 400), ("x" * 20_000 + f"&csrf={csrf}", 413)]:
+            body = bad if isinstance(bad, bytes) else bad.encode()
+            refused(browser.post("/api/v1/session/end", content=body, headers=form), status)
         for path, _ in api_actions(world):
             refused(browser.post(path, files={"csrf": (None, csrf)}), 403)  # multipart
         assert browser.get("/api/v1/session").status_code == 200

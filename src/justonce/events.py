@@ -62,6 +62,9 @@ class Event(StrEnum):
                   "An attempt raised; state says whether the job will be retried or is dead.")
     JOB_TIMEOUT = ("job.timeout", INFO, "justonce.worker",
                    "An attempt ran over its timeout and was failed (retried or dead).")
+    JOB_INTERRUPTED = ("job.interrupted", WARNING, "justonce.worker",
+                       "A running attempt was given up (a stop past its grace, a slot's failed "
+                       "bookkeeping): it counts; retried at once, or dead on the last attempt.")
     JOB_UNKNOWN_TASK = ("job.unknown_task", INFO, "justonce.worker",
                         "The job names a task this worker's app does not register.")
     JOB_BAD_ARGUMENTS = ("job.bad_arguments", INFO, "justonce.worker",
@@ -87,11 +90,12 @@ class Event(StrEnum):
     WORKER_PAUSED = ("worker.paused", WARNING, "justonce.worker",
                      "The process did not run for longer than a heartbeat; unstarted jobs were dropped.")
     WORKER_RELEASED = ("worker.released", WARNING, "justonce.worker",
-                       "The grace period ran out: jobs still running were released.")
+                       "The grace period ran out: jobs still running were given back, "
+                       "their attempt counted (ready again, or dead on their last attempt).")
     WORKER_UNWRITTEN = ("worker.unwritten", ERROR, "justonce.worker",
                         "Completions could not be written before stopping; their jobs will return.")
     SLOT_ERROR = ("slot.error", ERROR, "justonce.worker",
-                  "A slot's own bookkeeping failed; its job was released.")
+                  "A slot's own bookkeeping failed; its job was given back.")
     CLAIM_ERROR = ("claim.error", WARNING, "justonce.worker", "A claim failed; retried.")
     ACK_ERROR = ("ack.error", WARNING, "justonce.worker",
                  "Completions could not be written; retried.")

@@ -47,6 +47,7 @@ WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 _FAILURE_REASONS = {
     Event.JOB_FAILED.value: "error", Event.JOB_TIMEOUT.value: "timeout",
+    Event.JOB_INTERRUPTED.value: "interrupted",
     Event.JOB_UNKNOWN_TASK.value: "unknown_task", Event.JOB_BAD_ARGUMENTS.value: "bad_arguments",
 }
 _SUCCEEDED, _CLAIMED = Event.JOB_SUCCEEDED, Event.JOB_CLAIMED

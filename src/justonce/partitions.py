@@ -39,7 +39,7 @@ from .errors import (
 from .events import Event, emit
 from .models import SlotInfo
 from .owner import default_owner
-from .tasks import Task
+from .tasks import Task, call_template
 
 if TYPE_CHECKING:
     from .app import App
@@ -362,6 +362,9 @@ class Partitions:
         calls = [{**extra, "predicate": self.predicate(column, n, k, key_type=key_type, dialect=dialect),
                   "slot": k, "n": n} for k in range(n)]
         conn = options.pop("conn", None)
+        # The jobs' options are checked before anything is written: in your transaction
+        # (conn=) a refusal after the batch was opened would leave it behind.
+        self.app.build(call_template(task, options))
         with nullcontext(conn) if conn is not None else self.app.backend.transaction() as c:
             batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
                                           on_complete=on_complete, on_success=on_success, conn=c)

@@ -70,8 +70,9 @@ def _stored_hash(spec: dict[str, Any]) -> int | None:
     """The callback's partition hash: stored with it (a callback without one would never
     be claimed by a partitioned worker, the only kind that runs jobs with a partition key).
     A spec stored before the hash was kept has only the key's text, an integer key stored
-    as its digits: canonical digits are taken for the integer they came from, any other
-    text hashed as text (the rule of ``partitions.partition_hash``)."""
+    as its digits: canonical digits of a 64-bit integer are taken for the integer they
+    came from (a text key of such digits cannot be told apart, and goes to the integer's
+    slot), any other text hashed as text (the rule of ``partitions.partition_hash``)."""
     if "partition_hash" in spec:
         return None if spec["partition_hash"] is None else int(spec["partition_hash"])
     key = spec.get("partition_key")
@@ -79,7 +80,7 @@ def _stored_hash(spec: dict[str, Any]) -> int | None:
         return None
     text = str(key)
     with contextlib.suppress(ValueError):
-        if str(int(text)) == text:
+        if str(int(text)) == text and -(2**63) <= int(text) < 2**63:
             return int(text)
     return zlib.crc32(text.encode())
 

@@ -192,21 +192,38 @@ async def _check_csrf(request: Request, principal: Principal) -> None:
 
 
 MAX_FORM = 16 * 1024
-"""The largest urlencoded form read for its csrf field (the dashboard's forms are tiny)."""
+"""The largest urlencoded form read (the dashboard's forms are tiny)."""
+
+
+class FormError(ValueError):
+    """A form body too large (``status`` 413) or not urlencoded UTF-8 (400)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+def parse_form(body: bytes) -> dict[str, str]:
+    """A urlencoded body's fields (the first value of each), parsed here rather than by
+    Starlette's form parser, which needs a package this service does not install (a form
+    once made every cookie POST to the API a 500)."""
+    if len(body) > MAX_FORM:
+        raise FormError(413, f"a form body is limited to {MAX_FORM} bytes")
+    try:
+        parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50)
+    except (UnicodeDecodeError, ValueError):
+        raise FormError(400, "the form body is not urlencoded UTF-8") from None
+    return {k: v[0] for k, v in parsed.items()}
 
 
 async def _form_field(request: Request, name: str) -> str | None:
-    """One field of a urlencoded body, read here rather than by Starlette's form parser
-    (which needs a package this service does not install: a form once made every cookie
-    POST a 500). A multipart body is not read: its token goes in the header."""
-    body = await request.body()
-    if len(body) > MAX_FORM:
-        raise Problem(413, "FormTooLarge", f"a form body is limited to {MAX_FORM} bytes")
+    """One field of a urlencoded body (a multipart body is not read: its token goes in
+    the header)."""
     try:
-        values = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50).get(name)
-    except (UnicodeDecodeError, ValueError):
-        raise Problem(400, "MalformedForm", "the form body is not urlencoded UTF-8") from None
-    return values[0] if values else None
+        return parse_form(await request.body()).get(name)
+    except FormError as exc:
+        raise Problem(exc.status, "FormTooLarge" if exc.status == 413 else "MalformedForm",
+                      str(exc)) from None
 
 
 def audit(request: Request, principal: Principal, action: str, target: str | None = None,

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -39,7 +39,7 @@ from ..errors import (
 )
 from ..validate import shown
 from . import session
-from .auth import Principal, audit
+from .auth import FormError, Principal, audit, parse_form
 from .problems import status_of
 from .snapshot import STATES, Snapshots
 
@@ -49,7 +49,6 @@ NAV = (("/", "Overview"), ("/jobs", "Jobs"), ("/batches", "Batches"), ("/lists",
 LIST_LIMIT = 100
 LISTS_SHOWN = 50
 """Lists on the Lists page (by name): each costs two small queries per refresh."""
-MAX_FORM = 16 * 1024
 MESSAGES = {
     "retried": "Job {id} is ready again.", "cancelled": "Job {id} was cancelled.",
     "applied_cancel": "Cancelled {n} jobs.", "applied_retry": "Retried {n} jobs.",
@@ -206,14 +205,10 @@ def _safe_next(value: str | None, default: str = "/") -> str:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    body = await request.body()
-    if len(body) > MAX_FORM:
-        raise HTTPException(413, "form too large")
     try:
-        parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50)
-    except (UnicodeDecodeError, ValueError):
-        raise HTTPException(400, "malformed form") from None
-    return {k: v[0] for k, v in parsed.items()}
+        return parse_form(await request.body())
+    except FormError as exc:
+        raise HTTPException(exc.status, "form too large" if exc.status == 413 else "malformed form") from None
 
 
 def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("justonce.worker")
 
 _FAILURE_EVENTS = {
-    "failed": Event.JOB_FAILED, "timeout": Event.JOB_TIMEOUT,
+    "failed": Event.JOB_FAILED, "timeout": Event.JOB_TIMEOUT, "interrupted": Event.JOB_INTERRUPTED,
     "unknown_task": Event.JOB_UNKNOWN_TASK, "bad_arguments": Event.JOB_BAD_ARGUMENTS,
 }
 
@@ -87,7 +87,8 @@ class Worker:
     ``lease``: seconds a claim is valid without renewal; the worker renews every
     ``heartbeat`` s (default ``lease / 3``). A worker that dies loses its leases within
     ``lease`` s and housekeeping re-offers its jobs. ``grace``: seconds in-flight jobs get
-    to finish after a stop request before they are released. ``prefetch``: the most jobs
+    to finish after a stop request; then each attempt still running is given up and counts
+    (ready again at once, or dead on the job's last attempt). ``prefetch``: the most jobs
     leased at once; the worker leases about 50 ms of work at a time (see Producer), so
     only very short jobs reach it.
 
@@ -234,7 +235,7 @@ class Worker:
 
     def stop(self, grace: float | None = None) -> None:
         """Ask for a graceful stop: no new claims, in-flight jobs get ``grace`` seconds
-        (default: the worker's), then whatever still runs is released."""
+        (default: the worker's), then whatever still runs is given up, its attempt counted."""
         if grace is not None:
             self._grace_override = grace
         self._stop_requested.set()
@@ -298,7 +299,7 @@ class Worker:
             try:
                 self._execute(held)
             except BaseException:  # our own bookkeeping failed: never strand the job
-                emit(Event.SLOT_ERROR, "slot failed; releasing its job", exc_info=True,
+                emit(Event.SLOT_ERROR, "slot failed; giving its job back", exc_info=True,
                      job_id=held.job.id)
                 self._give_up(held)
             if slot.abandoned:
@@ -817,7 +818,8 @@ class Worker:
             self._cond.notify_all()
         self._release([h.job for h in unstarted], refund=True)
         grace = self.grace if self._grace_override is None else self._grace_override
-        deadline = time.monotonic() + grace
+        stop_at = time.monotonic()
+        deadline = stop_at + grace
         with self._lock:
             while self._running > 0 or self._fetching:
                 left = deadline - time.monotonic()
@@ -839,7 +841,10 @@ class Worker:
         if still_running:
             emit(Event.WORKER_RELEASED, "grace period over: giving back running jobs",
                  jobs=[j.id for j in still_running])
-        self._interrupt(still_running, f"the worker stopped and its grace period ({grace:g}s) ran out")
+        waited = time.monotonic() - stop_at
+        self._interrupt(still_running, "the worker stopped: " + (
+            f"its grace period ({grace:g}s) ran out" if waited >= grace else
+            f"a second signal ended its grace period after {waited:.1f}s"))
         for _ in range(20):
             if self._flush_acks():
                 with self._lock:
