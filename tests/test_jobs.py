@@ -559,3 +559,99 @@ def test_concurrent_bulk_enqueues_of_partly_shared_keys_in_any_order_neither_dea
                 assert apps[0].get_job(job_id).key == req.key
     for a in apps:
         a.close()
+
+
+def test_retry_all_matching_acts_on_each_job_once_though_workers_kill_them_again(tapp: App) -> None:
+    """Retry-all-matching goes in chunks; a job a chunk made ready may die again (a worker
+    ran it and it failed) before the next chunk. It is not taken again: each chunk starts
+    after the last job the one before took (once, a job could be retried many times by
+    one action, and "applied" exceed the preview's count)."""
+    from justonce.models import JobFilter
+
+    ids = tapp.enqueue_calls("add", [[i, i] for i in range(10)], queue="again", max_attempts=1)
+    for job_id in ids:
+        tapp.cancel(job_id)
+    where = JobFilter(queue="again", max_id=max(ids))
+    real = tapp.backend.jobs_retry_matching
+    taken: list[int] = []
+
+    def chunk_then_kill_them_again(w: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        n, last = real(w, limit, after)
+        ready = [j.id for j in tapp.list_jobs(queue="again", state="ready")]
+        taken.extend(ready)
+        for job_id in ready:  # a worker runs them and they die at once
+            tapp.cancel(job_id)
+        return n, last
+
+    tapp.backend.jobs_retry_matching = chunk_then_kill_them_again  # type: ignore[method-assign]
+    try:
+        applied = tapp.apply_matching("retry", where, expected=10, chunk=3)
+    finally:
+        tapp.backend.jobs_retry_matching = real  # type: ignore[method-assign]
+    assert applied == 10 and sorted(taken) == sorted(ids)
+
+
+def test_retry_all_matching_leaves_out_a_key_a_new_job_takes_while_its_chunk_runs(
+        tapp: App, db_url: str) -> None:
+    """A keyed dead job is retried only while no live job holds its key. A live job of
+    that key enqueued after the chunk's check and before its update (here: inserted by
+    another transaction that commits while the chunk waits on the key's index) fails the
+    chunk on the unique index: the chunk is tried again, leaves that job out, and every
+    other job of it is retried (once a 500 halfway through, with earlier chunks kept)."""
+    import proc_app
+
+    ids = [tapp.enqueue("add", [i, i], key=f"rk{i}", queue="rk").id for i in range(6)]
+    for job_id in ids:
+        tapp.cancel(job_id)
+    other = proc_app.ledger_connect(db_url)
+    try:
+        if db_url.startswith("sqlite"):
+            pytest.skip("SQLite has one writer: no other transaction can insert meanwhile")
+        # Another transaction holds a new live job of key rk3, not committed yet.
+        if db_url.startswith("mysql"):
+            other.begin()
+        else:
+            other.autocommit = False
+        tapp.enqueue("add", [3, 3], key="rk3", queue="rk", conn=other)
+        from justonce.models import JobFilter
+
+        result: list[int] = []
+        t = threading.Thread(target=lambda: result.append(
+            tapp.apply_matching("retry", JobFilter(queue="rk", max_id=max(ids)), expected=6)))
+        t.start()
+        time.sleep(1.0)  # the chunk passed its check and waits on rk3's index entry
+        other.commit()
+        t.join(30)
+    finally:
+        other.close()
+    assert result == [5]
+    states = {tapp.get_job(i).key: tapp.get_job(i).state for i in ids}
+    assert states.pop("rk3") == "cancelled" and set(states.values()) == {"ready"}
+
+
+def test_an_error_in_a_later_chunk_says_how_many_jobs_the_earlier_chunks_changed(tapp: App) -> None:
+    """Chunks commit one by one: when one fails, the exception carries ``applied`` (what
+    the service writes to its audit trail before the error goes on) and a note."""
+    from justonce import DatabaseUnavailable
+    from justonce.models import JobFilter
+
+    ids = tapp.enqueue_calls("add", [[i, i] for i in range(7)], queue="halfway")
+    real = tapp.backend.jobs_cancel_matching
+    calls = 0
+
+    def second_chunk_fails(w: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise DatabaseUnavailable("the database went away")
+        return real(w, limit, after)
+
+    tapp.backend.jobs_cancel_matching = second_chunk_fails  # type: ignore[method-assign]
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            tapp.apply_matching("cancel", JobFilter(queue="halfway", max_id=max(ids)), expected=7, chunk=3)
+    finally:
+        tapp.backend.jobs_cancel_matching = real  # type: ignore[method-assign]
+    assert caught.value.applied == 3  # type: ignore[attr-defined]
+    assert "3 jobs were changed" in "".join(caught.value.__notes__)
+    assert sum(tapp.get_job(i).state == "cancelled" for i in ids) == 3

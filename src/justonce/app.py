@@ -324,7 +324,9 @@ class App:
 
         Pass the preview's ``max_id`` in ``where`` so that jobs created after the preview
         are never touched. Raises :class:`CountChanged` (and changes nothing) when more
-        jobs match now than ``expected + tolerance``; fewer is fine (some finished)."""
+        jobs match now than ``expected + tolerance``; fewer is fine (some finished). Each job
+        is acted on at most once. An error in a later chunk leaves the earlier chunks done:
+        the exception's ``applied`` says how many jobs they changed."""
         _action_states(action, self._checked(where))
         for value, what in ((expected, "expected"), (tolerance, "tolerance")):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
@@ -336,9 +338,19 @@ class App:
                 f"{now} jobs match now, {expected} were previewed (tolerance "
                 f"{tolerance}): preview again")
         op = self.backend.jobs_cancel_matching if action == "cancel" else self.backend.jobs_retry_matching
-        done = 0
+        done, after = 0, 0
         while True:
-            n = op(where, chunk)
+            # Each chunk after the last job the one before took: a job is acted on once,
+            # even if a worker sends it back into the matching states meanwhile.
+            try:
+                n, after = op(where, chunk, after)
+            except Exception as exc:
+                # The chunks before this one are committed: say how many jobs they changed
+                # (the service writes them to its audit trail before the error goes on).
+                exc.applied = done  # type: ignore[attr-defined]
+                if done:
+                    exc.add_note(f"{done} jobs were changed by the chunks before this error")
+                raise
             done += n
             if n < chunk:
                 return done

@@ -297,15 +297,17 @@ class Backend(Protocol):
         """(how many jobs ``action`` ("cancel": live ones; "retry": dead or cancelled ones
         whose key no live job holds) would act on, the highest such id or None)."""
 
-    def jobs_cancel_matching(self, where: JobFilter, limit: int) -> int:
-        """Cancel up to ``limit`` live jobs matching ``where`` (lowest ids first) in one
-        transaction, marking their batch items failed in it; returns how many. Call again
-        until it returns 0 (a bounded chunk per transaction keeps locks short)."""
+    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        """Cancel up to ``limit`` live jobs matching ``where`` with ids above ``after``
+        (lowest ids first) in one transaction, marking their batch items failed in it;
+        returns (how many, the highest id taken, or ``after``). Call again with that id
+        until fewer than ``limit`` come back (a bounded chunk per transaction keeps locks
+        short; each job is taken at most once)."""
 
-    def jobs_retry_matching(self, where: JobFilter, limit: int) -> int:
-        """Make up to ``limit`` dead or cancelled jobs matching ``where`` ready again, in
-        one transaction (never two live jobs of one key: see ``match_retry``); returns
-        how many."""
+    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        """Make up to ``limit`` dead or cancelled jobs matching ``where`` with ids above
+        ``after`` ready again, in one transaction (never two live jobs of one key: see
+        ``match_retry``); returns as :meth:`jobs_cancel_matching` does."""
 
     def queue_stats(self, exact_below: int) -> list[QueueStats]:
         """Counts per queue and state, and each queue's next ready job's wait. Exact while

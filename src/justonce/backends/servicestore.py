@@ -4,7 +4,9 @@ all matching jobs, written once over each backend's SQL (the ``token_*``, ``audi
 
 An action on all matching jobs runs in chunks of ``limit`` jobs, one transaction each, in
 id order: a long action never holds thousands of row locks at once, and a worker's claim
-waits for at most one chunk.
+waits for at most one chunk. Each chunk starts after the last job the one before took
+(``after``): a job is acted on at most once per action, even one that a worker sends back
+into the matching states meanwhile (retried, then dead again before the next chunk).
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import InvalidOption
+from ..errors import InvalidOption, KeyConflict
 from ..models import AuditEntry, JobFilter, TokenInfo
 from ..validate import shown
 from .batchstore import BatchOps
 from .dialect import Dialect
 
 ACTIONS = ("cancel", "retry")
+KEY_ROUNDS = 5
+"""Tries of a retry chunk that a newly enqueued key keeps failing."""
 
 
 class ServiceOps:
@@ -44,19 +48,39 @@ class ServiceOps:
         count, max_id = self.d.read(f"jobs_count_{action}", self.filter_params(where))[0]
         return int(count), (int(max_id) if max_id is not None else None)
 
-    def jobs_cancel_matching(self, where: JobFilter, limit: int) -> int:
-        params = {**self.filter_params(where), "limit": limit}
+    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        """Cancel one chunk of the matching jobs with ids above ``after``: (how many, the
+        highest id taken, or ``after`` when none was)."""
+        params = {**self.filter_params(where), "limit": limit, "after": after}
 
-        def run(c: Any) -> int:
+        def run(c: Any) -> tuple[int, int]:
             rows = self.d.rows(c, "jobs_cancel_matching", params)
             self.batches.resolve_job_items(c, [r[1] for r in rows], "cancelled")
-            return len(rows)
+            return len(rows), max((int(r[0]) for r in rows), default=after)
 
         return self.d.tx(None, run)
 
-    def jobs_retry_matching(self, where: JobFilter, limit: int) -> int:
-        params = {**self.filter_params(where), "limit": limit}
-        return self.d.tx(None, lambda c: len(self.d.rows(c, "jobs_retry_matching", params)))
+    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        """Retry one chunk (see :meth:`jobs_cancel_matching`). A keyed job is left out while
+        a live job holds its key; one enqueued after that check and before the chunk's
+        update fails the chunk on the key's unique index: the chunk is tried again, and
+        then sees it."""
+        params = {**self.filter_params(where), "limit": limit, "after": after}
+
+        def run(c: Any) -> tuple[int, int]:
+            rows = self.d.rows(c, "jobs_retry_matching", params)
+            return len(rows), max((int(r[0]) for r in rows), default=after)
+
+        for attempt in range(KEY_ROUNDS):
+            try:
+                return self.d.tx(None, run)
+            except Exception as exc:
+                if not self.d.is_unique_violation(exc) or attempt == KEY_ROUNDS - 1:
+                    if self.d.is_unique_violation(exc):
+                        raise KeyConflict("a job's key was taken by a new live job each time "
+                                          "this chunk was tried: preview again") from exc
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- tokens -------------------------------------------------------------------------
     def _token(self, r: Any) -> TokenInfo:

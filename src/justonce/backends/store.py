@@ -454,11 +454,11 @@ class Store:
     def jobs_count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
         return self.service.jobs_count_matching(action, where)
 
-    def jobs_cancel_matching(self, where: JobFilter, limit: int) -> int:
-        return self.service.jobs_cancel_matching(where, limit)
+    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        return self.service.jobs_cancel_matching(where, limit, after)
 
-    def jobs_retry_matching(self, where: JobFilter, limit: int) -> int:
-        return self.service.jobs_retry_matching(where, limit)
+    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+        return self.service.jobs_retry_matching(where, limit, after)
 
     def token_create(self, name: str, scope: str, secret_hash: str, prefix: str) -> TokenInfo:
         return self.service.token_create(name, scope, secret_hash, prefix)

@@ -114,11 +114,17 @@ def apply(body: S.ApplyIn, request: Request, who: Admin) -> S.ApplyOut:
     more jobs match than ``expected + tolerance``; fewer is fine (some finished)."""
     app = _app(request)
     where = _filter(app, body.filter, body.max_id)
-    applied = app.apply_matching(body.action, where, expected=body.expected,
-                                 tolerance=body.tolerance)
-    audit(request, who, f"jobs.{body.action}_matching", "jobs", applied,
-          filter=body.filter.model_dump(mode="json", exclude_none=True), max_id=body.max_id,
-          previewed=body.expected)
+    shown = {"filter": body.filter.model_dump(mode="json", exclude_none=True), "max_id": body.max_id,
+             "previewed": body.expected}
+    try:
+        applied = app.apply_matching(body.action, where, expected=body.expected,
+                                     tolerance=body.tolerance)
+    except Exception as exc:
+        if getattr(exc, "applied", 0):  # chunks committed before the error: on the record too
+            audit(request, who, f"jobs.{body.action}_matching", "jobs", exc.applied,  # type: ignore[attr-defined]
+                  **shown, error=type(exc).__name__)
+        raise
+    audit(request, who, f"jobs.{body.action}_matching", "jobs", applied, **shown)
     return S.ApplyOut(action=body.action, previewed=body.expected, applied=applied)
 
 

@@ -369,8 +369,22 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                 max_id, expected = int(form.get("max_id", "")), int(form.get("expected", ""))
             except ValueError:
                 raise HTTPException(400, "max_id and expected must be integers") from None
-            where = app.job_filter(**f, max_id=max_id or None)
-            n = app.apply_matching(action, where, expected=expected)
+            if max_id == 0:
+                # The preview found no job: none that existed then can match (without a
+                # bound, jobs enqueued since would have been acted on). The action and the
+                # filter are still checked, as the preview checked them.
+                app.count_matching(action, app.job_filter(**f))
+                n = 0
+            else:
+                where = app.job_filter(**f, max_id=max_id)
+                try:
+                    n = app.apply_matching(action, where, expected=expected)
+                except Exception as exc:
+                    if getattr(exc, "applied", 0):
+                        audit(request, viewer, f"jobs.{action}_matching", json.dumps(f),
+                              exc.applied, expected=expected, max_id=max_id, via="dashboard",  # type: ignore[attr-defined]
+                              error=type(exc).__name__)
+                    raise
             audit(request, viewer, f"jobs.{action}_matching", json.dumps(f), n,
                   expected=expected, max_id=max_id, via="dashboard")
             back = {k: v for k, v in f.items() if v}

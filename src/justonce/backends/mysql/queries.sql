@@ -1044,7 +1044,7 @@ SELECT COUNT(*), MAX(j.id) FROM justonce_jobs j WHERE {{match_retry}};
 -- One chunk, in id order. FOR UPDATE (not SKIP LOCKED): a job a worker is claiming right
 -- now is waited for, not skipped, and its state is read again once the lock is ours.
 SELECT j.id, j.batch_item FROM justonce_jobs j FORCE INDEX (PRIMARY)
- WHERE {{match_cancel}}
+ WHERE {{match_cancel}} AND j.id > %(after)s
  ORDER BY j.id
  LIMIT %(limit)s
    FOR UPDATE;
@@ -1054,7 +1054,7 @@ UPDATE justonce_jobs
 
 -- name: jobs_retry_matching
 SELECT j.id, NULL FROM justonce_jobs j FORCE INDEX (PRIMARY)
- WHERE {{match_retry}}
+ WHERE {{match_retry}} AND j.id > %(after)s
  ORDER BY j.id
  LIMIT %(limit)s
    FOR UPDATE;

@@ -1110,7 +1110,8 @@ SELECT count(*), max(j.id) FROM justonce_jobs j WHERE {{match_retry}}
 -- One chunk, in id order. FOR UPDATE (not SKIP LOCKED): a job a worker is claiming right
 -- now is waited for, not skipped, and its state is checked again once the lock is ours.
 WITH picked AS (
-    SELECT j.id FROM justonce_jobs j WHERE {{match_cancel}} ORDER BY j.id LIMIT %(limit)s
+    SELECT j.id FROM justonce_jobs j WHERE {{match_cancel}} AND j.id > %(after)s
+     ORDER BY j.id LIMIT %(limit)s
        FOR UPDATE
 )
 UPDATE justonce_jobs t
@@ -1121,7 +1122,8 @@ RETURNING t.id, t.batch_item
 
 -- name: jobs_retry_matching
 WITH picked AS (
-    SELECT j.id FROM justonce_jobs j WHERE {{match_retry}} ORDER BY j.id LIMIT %(limit)s
+    SELECT j.id FROM justonce_jobs j WHERE {{match_retry}} AND j.id > %(after)s
+     ORDER BY j.id LIMIT %(limit)s
        FOR UPDATE
 ), up AS (
     UPDATE justonce_jobs t

@@ -792,14 +792,16 @@ SELECT count(*), max(j.id) FROM justonce_jobs j WHERE {{match_retry}}
 -- name: jobs_cancel_matching
 UPDATE justonce_jobs
    SET state = 'cancelled', finished_at = NOW(), lease_owner = NULL, lease_expires_at = NULL
- WHERE id IN (SELECT j.id FROM justonce_jobs j WHERE {{match_cancel}} ORDER BY j.id LIMIT :limit)
+ WHERE id IN (SELECT j.id FROM justonce_jobs j WHERE {{match_cancel}} AND j.id > :after
+                ORDER BY j.id LIMIT :limit)
 RETURNING id, batch_item
 
 -- name: jobs_retry_matching
 UPDATE justonce_jobs
    SET state = 'ready', attempts = 0, run_at = NOW(), finished_at = NULL,
        lease_owner = NULL, lease_expires_at = NULL
- WHERE id IN (SELECT j.id FROM justonce_jobs j WHERE {{match_retry}} ORDER BY j.id LIMIT :limit)
+ WHERE id IN (SELECT j.id FROM justonce_jobs j WHERE {{match_retry}} AND j.id > :after
+                ORDER BY j.id LIMIT :limit)
 RETURNING id
 
 -- name: queue_heads
