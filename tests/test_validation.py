@@ -259,3 +259,16 @@ def test_transactional_enqueue_refuses_something_that_is_not_a_connection(vapp: 
     with pytest.raises(InvalidOption, match="conn must be"):
         vapp.tasks["t"].app.enqueue_calls("t", [(1,)], conn="dsn")
     assert_nothing_written(vapp)
+
+
+def test_a_name_with_a_trailing_newline_is_refused_everywhere(vapp: App) -> None:
+    """Names are matched to their end: a pattern ending in $ also matched before a final
+    newline, so "mail\\n" passed as a queue (and reached the dashboard and /metrics)."""
+    for call in (lambda: vapp.enqueue("t", queue="mail\n"),
+                 lambda: vapp.enqueue("t\n"),
+                 lambda: vapp.partitions.try_acquire("set\n", 2),
+                 lambda: vapp.lists.create("list\n", items=[1]),
+                 lambda: vapp.tokens.create("name\n", "read")):
+        with pytest.raises((InvalidName, InvalidOption)):
+            call()
+    assert_nothing_written(vapp)

@@ -47,7 +47,8 @@ def load_app(path: str | None, database_url: str | None, strict: bool = True) ->
     if not path:
         return App(database_url, strict=strict)
     module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
+    if not sep or not module_name or not attr or module_name.startswith("."):
+        # (A relative module, ".tasks", has no package to be relative to here.)
         raise ConfigurationError(f"--app {shown(path)} must look like package.module:app")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -466,7 +467,7 @@ def demo_push(users: int, workers: int, senders: int, per_user_jobs: bool, kill_
 
     if smtp is not None:
         host, sep, port = smtp.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise click.BadParameter("expected HOST:PORT", param_hint="--smtp")
         if redo:
             raise click.UsageError("--redo needs the demo's own SMTP server: its log tells which emails in "

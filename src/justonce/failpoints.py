@@ -82,7 +82,7 @@ _points: dict[str, _Action] = {}
 _lock = threading.Lock()
 _rng = random.Random()
 _ACTION = re.compile(r"^(?:(?P<count>\d+)\*)?(?:(?P<pct>\d+(?:\.\d+)?)%)?"
-                     r"(?P<kind>kill|raise|off|sleep\((?P<ms>\d+)\))$")
+                     r"(?P<kind>kill|raise|off|sleep\((?P<ms>\d+)\))\Z")
 
 
 def parse(spec: str) -> dict[str, _Action]:
@@ -150,7 +150,7 @@ def _from_env() -> None:
     spec = os.environ.get("JUSTONCE_FAILPOINTS")
     if spec:
         seed = os.environ.get("JUSTONCE_FAILPOINTS_SEED") or None
-        if seed is not None and not seed.lstrip("-").isdigit():
+        if seed is not None and not (seed.lstrip("-").isascii() and seed.lstrip("-").isdigit()):
             raise InvalidOption(f"JUSTONCE_FAILPOINTS_SEED must be an integer, not {seed!r}")
         configure(spec, int(seed) if seed is not None else None)
 

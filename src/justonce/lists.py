@@ -47,7 +47,7 @@ from .tasks import Enqueue, Task
 if TYPE_CHECKING:
     from .app import App
 
-LIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+LIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}\Z")
 MAX_RESERVE = 10_000
 """Positions one reserve may ask for."""
 MAX_ITEMS = MAX_GROUP_ITEMS
@@ -60,7 +60,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 LOAD_CHUNK = 10_000
 """Items appended per transaction while loading (a crash loses at most the open one)."""
 MAX_REQUEST_ID = 200
-_TOKEN = re.compile(r"^([1-9][0-9]{0,18})\.([0-9a-f]{16})$")
+_TOKEN = re.compile(r"^([1-9][0-9]{0,18})\.([0-9a-f]{16})\Z")
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 Target = Reservation | str
 

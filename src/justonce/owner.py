@@ -17,4 +17,4 @@ def owner_pid(owner: str | None) -> int | None:
     a caller's own ``owner=``). The host name may hold colons; the pid is the second field
     from the end."""
     parts = (owner or "").rsplit(":", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+    return int(parts[1]) if len(parts) == 3 and parts[1].isascii() and parts[1].isdigit() else None

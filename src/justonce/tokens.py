@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 SCOPES = ("read", "admin")
 TOKEN_PREFIX = "jo_"
-_SECRET = re.compile(r"^jo_([0-9a-f]{8})_([A-Za-z0-9_-]{43})$")
-_NAME = re.compile(r"^[\w.:@/ -]{1,100}$")
+_SECRET = re.compile(r"^jo_([0-9a-f]{8})_([A-Za-z0-9_-]{43})\Z")
+_NAME = re.compile(r"^[\w.:@/ -]{1,100}\Z")
 TOUCH_EVERY = 60.0
 """Seconds between two writes of a token's ``last_used_at`` (per process, and in SQL)."""
 

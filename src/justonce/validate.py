@@ -36,10 +36,10 @@ PRIORITY_RANGE = (-1000, 1000)
 SHOWN_CHARS = 80
 """How much of a refused value an error message shows (see :func:`shown`)."""
 
-SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
-SQL_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
-TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}$")
+SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}\Z")
+SQL_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?\Z")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}\Z")
+TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:<>-]{0,199}\Z")
 
 
 _REPR = reprlib.Repr()

@@ -29,7 +29,7 @@ def exit_with_parent() -> None:
     or whose terminal closed, left its workers polling the database for ever, the Push's
     sender threads and SMTP connections with them. Outside a demo's worker: nothing."""
     raw = os.environ.get(PARENT_ENV, "")
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         return
     parent = int(raw)
 

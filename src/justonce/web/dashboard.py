@@ -539,7 +539,7 @@ def _int(value: str) -> int:
 
 def _digits(value: str | None) -> str:
     """A number from the URL for a flash message, or nothing (never free text)."""
-    return value if value and value.isdigit() and len(value) <= 20 else ""
+    return value if value and value.isascii() and value.isdigit() and len(value) <= 20 else ""
 
 
 def _with(url: str, **params: Any) -> str:
