@@ -167,6 +167,14 @@ def test_enqueue_one_bulk_and_keyed_then_read_them_back(admin: httpx.Client) -> 
     ids = bulk.json()["ids"]
     assert len(ids) == len(set(ids)) == 500
     assert admin.get(f"/api/v1/jobs/{ids[123]}").json()["args"] == [123]
+    assert admin.get("/api/v1/audit", params={"limit": 1}).json()["entries"][0]["count"] == 500
+    # Keys a live job holds, and a key twice in one call: the audit counts the new jobs only.
+    mixed = admin.post("/api/v1/jobs/bulk", json={"jobs": [
+        {"task": "report", "key": "daily-1"}, {"task": "report", "key": "daily-2", "args": [1]},
+        {"task": "report", "key": "daily-2", "args": [2]}]}).json()["ids"]
+    assert mixed[0] == k1["id"] and mixed[1] == mixed[2] != k1["id"]
+    entry = admin.get("/api/v1/audit", params={"limit": 1}).json()["entries"][0]
+    assert (entry["action"], entry["count"]) == ("jobs.enqueue_bulk", 1)
 
 
 def test_list_pages_with_a_cursor_and_filters(admin: httpx.Client) -> None:

@@ -89,6 +89,10 @@ class Backend(Protocol):
         """Insert many jobs in one statement / transaction; return their ids in input
         order (the live job's id where a key was already held). Atomic as a whole."""
 
+    def job_insert_many_counted(self, jobs: Sequence[NewJob], conn: Any = None) -> tuple[list[int], int]:
+        """:meth:`job_insert_many`, and how many of the jobs were new (not a live job
+        that held the key, nor an earlier job of the call with the same key)."""
+
     def job_insert_batch(
         self, template: NewJob, args_doc: str, kwargs_doc: str, conn: Any = None
     ) -> list[int]:

@@ -73,7 +73,7 @@ class Store:
         self.url = d.url
         self.name = d.name
         self.schema = d.schema
-        self.batches = BatchOps(d, self._insert_many, self._insert_template)
+        self.batches = BatchOps(d, lambda c, jobs: self._insert_many(c, jobs)[0], self._insert_template)
         self.leases = LeaseOps(d)
         self.effects = EffectOps(d)
         self.service = ServiceOps(d, self.batches)
@@ -121,17 +121,20 @@ class Store:
         params["item_prefix"] = item_prefix
         return self.d.insert_calls(c, params, args_doc, kwargs_doc)
 
-    def _insert_many(self, c: Any, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert jobs; their ids in input order (the live job's where a key is held)."""
+    def _insert_many(self, c: Any, jobs: Sequence[NewJob]) -> tuple[list[int], int]:
+        """Insert jobs; their ids in input order (the live job's where a key is held), and
+        how many were new."""
         first = jobs[0]
         if all(first.same_options(j) for j in jobs):
             args_doc = "[" + ",".join(j.args_json for j in jobs) + "]"
             kwargs_doc = "[" + ",".join(j.kwargs_json for j in jobs) + "]"
-            return self._insert_template(c, first, args_doc, kwargs_doc)
+            return self._insert_template(c, first, args_doc, kwargs_doc), len(jobs)
         ids: list[int | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
+        inserted = 0
         for _ in range(KEY_ROUNDS):
             got = self.d.insert_rows(c, [jobs[i] for i in pending], self.job_params)
+            inserted += len({new for new in got if new is not None})  # (one key twice: one job)
             missing = [i for i, new in zip(pending, got, strict=True) if new is None]
             for i, new in zip(pending, got, strict=True):
                 ids[i] = new
@@ -147,13 +150,16 @@ class Store:
                         still.append(i)
                 missing = still
             if not missing:
-                return [i for i in ids if i is not None]
+                return [i for i in ids if i is not None], inserted
             pending = missing
         raise DatabaseUnavailable("could not settle keys in bulk insert")  # pragma: no cover
 
     def job_insert_many(self, jobs: Sequence[NewJob], conn: Any = None) -> list[int]:
+        return self.job_insert_many_counted(jobs, conn)[0]
+
+    def job_insert_many_counted(self, jobs: Sequence[NewJob], conn: Any = None) -> tuple[list[int], int]:
         if not jobs:
-            return []
+            return [], 0
         return self.d.on(conn, lambda c: self._insert_many(c, jobs), atomic=True)
 
     def job_insert_batch(self, template: NewJob, args_doc: str, kwargs_doc: str,

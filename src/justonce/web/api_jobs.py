@@ -54,8 +54,8 @@ def enqueue_bulk(body: S.BulkEnqueueIn, request: Request, who: Admin) -> S.BulkE
     app = _app(request)
     rows = app.build_many([_enqueue(e) for e in body.jobs])
     with app.backend.transaction() as conn:
-        ids = app.backend.job_insert_many(rows, conn=conn)
-        audit(request, who, "jobs.enqueue_bulk", None, len(ids), conn=conn)
+        ids, new = app.backend.job_insert_many_counted(rows, conn=conn)
+        audit(request, who, "jobs.enqueue_bulk", None, new, conn=conn)  # (duplicates: 0, as POST /jobs)
     return S.BulkEnqueueOut(ids=ids)
 
 
