@@ -655,3 +655,22 @@ def test_an_error_in_a_later_chunk_says_how_many_jobs_the_earlier_chunks_changed
     assert caught.value.applied == 3  # type: ignore[attr-defined]
     assert "3 jobs were changed" in "".join(caught.value.__notes__)
     assert sum(tapp.get_job(i).state == "cancelled" for i in ids) == 3
+
+
+def test_a_jobs_own_created_at_as_shown_bounds_the_time_filters_exactly(tapp: App) -> None:
+    """created_after is inclusive, created_before exclusive, to the microsecond a time is
+    shown in: a job is found by [T, T + 1 µs) of its own created_at, and left out by
+    created_before=T (SQLite keeps finer epoch seconds; its bounds were off by a fraction
+    of a microsecond one way or the other for about a third of jobs)."""
+    from datetime import timezone
+
+    from justonce.models import JobFilter
+
+    ids = tapp.enqueue_calls("add", [[i, i] for i in range(60)], queue="exact-times")
+    for n, job_id in enumerate(ids):
+        t = tapp.get_job(job_id).created_at.astimezone(timezone(timedelta(hours=[14, -12, 5.5][n % 3])))
+        found, _ = tapp.list_jobs_page(JobFilter(queue="exact-times", created_after=t,
+                                                 created_before=t + timedelta(microseconds=1)), limit=1000)
+        assert job_id in [j.id for j in found], (job_id, t)
+        before, _ = tapp.list_jobs_page(JobFilter(queue="exact-times", created_before=t), limit=1000)
+        assert job_id not in [j.id for j in before], (job_id, t)
