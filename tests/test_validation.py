@@ -192,6 +192,24 @@ def test_a_database_that_is_down_is_reported_quickly(scheme: str) -> None:
     app.close()
 
 
+def test_a_postgres_server_that_refuses_says_why_at_once_in_one_line(pg_server_url: str) -> None:
+    """No such database, or a libpq option it cannot take: one error naming the reason
+    (the pool used to retry for connect_timeout, print each failure as a warning, and end
+    with "cannot connect ... within 5s" alone)."""
+    import subprocess
+    import sys
+
+    base = pg_server_url.split("?")[0].rsplit("/", 1)[0]
+    for url, reason in ((f"{base}/no_such_db_here", 'database "no_such_db_here" does not exist'),
+                        (f"{base}/test?sslmode=bogus", "invalid sslmode value")):
+        out = subprocess.run([sys.executable, "-m", "justonce", "status", "--database-url", url],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1, out
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: DatabaseUnavailable"), lines
+        assert reason in lines[0], lines
+
+
 def test_postgres_without_migration_says_run_migrate(pg_server_url: str) -> None:
     import uuid
 

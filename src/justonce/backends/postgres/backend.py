@@ -233,6 +233,7 @@ class PostgresDialect(Dialect):
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
+                    self._first_connection()
                     pool = ConnectionPool(
                         self.conninfo, min_size=1, max_size=self.pool_size,
                         kwargs={**self._kwargs, "connect_timeout": int(self.connect_timeout)},
@@ -249,6 +250,18 @@ class PostgresDialect(Dialect):
                         ) from exc
                     self._pool = pool
         return self._pool
+
+    def _first_connection(self) -> None:
+        """Connect once before the pool does: a server that refuses (no such database,
+        a wrong password or option, nothing listening) is reported at once with its
+        reason, where the pool would retry for connect_timeout and log each failure."""
+        try:
+            kwargs = {**self._kwargs, "connect_timeout": int(self.connect_timeout)}
+            psycopg.connect(self.conninfo, **kwargs).close()
+        except psycopg.Error as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {reason}") from None
 
     def _stale(self, conn: psycopg.Connection) -> bool:
         """Whether a connection the pool lends is dead. After a server restart every pooled
