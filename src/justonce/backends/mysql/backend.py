@@ -749,15 +749,33 @@ class MySQLDialect(Dialect):
         for job in jobs:
             p = params(job)
             out.append(int(self.rows(c, "job_insert", {**p, "key": None} if job.key else p)[0][0]))
-        for i in sorted((i for i, j in enumerate(jobs) if j.key is not None), key=lambda i: (jobs[i].key, i)):
-            job_id = out[i]
-            try:
-                self._run(c, "job_take_key", {"id": job_id, "key": jobs[i].key})
-            except pymysql.err.IntegrityError as exc:
-                if _code(exc) != DUPLICATE:
-                    raise
-                self._run(c, "job_drop_unkeyed", {"id": job_id})
-                out[i] = None
+        keyed = sorted((i for i, j in enumerate(jobs) if j.key is not None), key=lambda i: (jobs[i].key, i))
+        # The keys' updates go many to a round trip where the connection takes several
+        # statements (ours do): MySQL stops a batch at its first error, so a refused key
+        # ends its batch there and the next batch starts after it.
+        per_trip = 500 if c.client_flag & CLIENT.MULTI_STATEMENTS else 1
+        [take_key] = STATEMENTS["job_take_key"]
+        at = 0
+        while at < len(keyed):
+            batch = keyed[at:at + per_trip]
+            ran = 0
+            with c.cursor() as cur:
+                text = ";\n".join(cur.mogrify(take_key, {"id": out[i], "key": jobs[i].key}) for i in batch)
+                try:
+                    cur.execute(text)
+                    ran = 1
+                    while ran < len(batch):
+                        cur.nextset()
+                        ran += 1
+                except pymysql.err.IntegrityError as exc:
+                    if _code(exc) != DUPLICATE:
+                        raise
+                    refused = batch[ran]  # a live job (or an earlier job of this call) holds its key
+                    self._run(c, "job_drop_unkeyed", {"id": out[refused]})
+                    out[refused] = None
+                    at += ran + 1
+                    continue
+            at += len(batch)
         return out
 
     def insert_calls(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
