@@ -659,18 +659,22 @@ def test_an_error_in_a_later_chunk_says_how_many_jobs_the_earlier_chunks_changed
 
 def test_a_jobs_own_created_at_as_shown_bounds_the_time_filters_exactly(tapp: App) -> None:
     """created_after is inclusive, created_before exclusive, to the microsecond a time is
-    shown in: a job is found by [T, T + 1 µs) of its own created_at, and left out by
-    created_before=T (SQLite keeps finer epoch seconds; its bounds were off by a fraction
-    of a microsecond one way or the other for about a third of jobs)."""
+    shown in: a job shown at T is found by [T, T + 1 µs), left out by created_before=T and
+    by created_after=T + 1 µs. Jobs are enqueued one at a time (each its own time). SQLite
+    keeps finer epoch seconds: its bounds were off by a fraction of a microsecond for about
+    a third of jobs, then (shifted in SQL) by a float step for about a tenth."""
     from datetime import timezone
 
     from justonce.models import JobFilter
 
-    ids = tapp.enqueue_calls("add", [[i, i] for i in range(60)], queue="exact-times")
+    ids = [tapp.enqueue("add", [i, i], queue="exact-times").id for i in range(150)]
+    one = timedelta(microseconds=1)
     for n, job_id in enumerate(ids):
         t = tapp.get_job(job_id).created_at.astimezone(timezone(timedelta(hours=[14, -12, 5.5][n % 3])))
-        found, _ = tapp.list_jobs_page(JobFilter(queue="exact-times", created_after=t,
-                                                 created_before=t + timedelta(microseconds=1)), limit=1000)
-        assert job_id in [j.id for j in found], (job_id, t)
-        before, _ = tapp.list_jobs_page(JobFilter(queue="exact-times", created_before=t), limit=1000)
-        assert job_id not in [j.id for j in before], (job_id, t)
+
+        def listed(**bounds: datetime) -> list[int]:
+            return [j.id for j in tapp.list_jobs_page(JobFilter(queue="exact-times", **bounds), limit=1000)[0]]
+
+        assert job_id in listed(created_after=t, created_before=t + one), (job_id, t)
+        assert job_id not in listed(created_before=t), (job_id, t)
+        assert job_id not in listed(created_after=t + one), (job_id, t)

@@ -182,6 +182,11 @@ class Dialect:
         """A time as the dialect's statements take it as a parameter."""
         raise NotImplementedError
 
+    def at_bound(self, value: datetime | None) -> Any:
+        """A time filter's bound (``created_after`` inclusive, ``created_before``
+        exclusive), so that a row shown at T is on the same side of T as its time."""
+        return self.at(value)
+
     def json(self, value: Any) -> Any:
         """A JSON column as Python."""
         raise NotImplementedError

@@ -37,8 +37,8 @@ class ServiceOps:
     def filter_params(self, where: JobFilter) -> dict[str, Any]:
         return {
             "state": where.state, "queue": where.queue, "task": where.task,
-            "created_after": self.d.at(where.created_after),
-            "created_before": self.d.at(where.created_before),
+            "created_after": self.d.at_bound(where.created_after),
+            "created_before": self.d.at_bound(where.created_before),
             "max_id": where.max_id, "channel": self.d.channel,
         }
 

@@ -9,6 +9,7 @@ retry covers SQLITE_BUSY beyond the busy timeout.
 from __future__ import annotations
 
 import json
+import math
 import random
 import sqlite3
 import threading
@@ -387,6 +388,23 @@ class SQLiteDialect(Dialect):
 
     def at(self, value: datetime | None) -> Any:
         return _epoch(value)
+
+    def at_bound(self, value: datetime | None) -> Any:
+        # Times are epoch seconds here, finer than the microsecond they are shown in
+        # (rounded): the bound is the smallest number shown at or after T, so that
+        # created_at >= it holds exactly for the rows shown at T or later. (Shifting T by
+        # half a microsecond in SQL missed by a float step for ~10 % of times.)
+        if value is None:
+            return None
+        x = value.timestamp() - 5e-7
+        try:
+            while _ts(x) >= value:  # type: ignore[operator]
+                x = math.nextafter(x, -math.inf)
+            while _ts(x) < value:  # type: ignore[operator]
+                x = math.nextafter(x, math.inf)
+        except (OverflowError, ValueError, OSError):  # past the years a datetime can show
+            return value.timestamp()
+        return x
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return self._immediate()

@@ -753,15 +753,13 @@ SELECT id, at, token_id, actor, action, target, count, detail
 -- Service: job listings with filters, and actions on all matching jobs --------------------
 
 -- name: job_filter
--- (A fragment: the filters of a listing, over the alias j.) Times are epoch seconds here,
--- finer than the microseconds a job's created_at is shown in: each bound moves half a
--- microsecond down, so that a job shown at T is found by created_after=T and left out by
--- created_before=T, as on the other databases.
+-- (A fragment: the filters of a listing, over the alias j.) The time bounds come as the
+-- smallest epoch seconds shown at or after them (SQLiteDialect.at_bound).
 (:state IS NULL OR j.state = :state)
    AND (:queue IS NULL OR j.queue = :queue)
    AND (:task IS NULL OR j.task = :task)
-   AND (:created_after IS NULL OR j.created_at >= :created_after - 0.0000005)
-   AND (:created_before IS NULL OR j.created_at < :created_before - 0.0000005)
+   AND (:created_after IS NULL OR j.created_at >= :created_after)
+   AND (:created_before IS NULL OR j.created_at < :created_before)
    AND (:max_id IS NULL OR j.id <= :max_id)
 
 -- name: match_cancel
