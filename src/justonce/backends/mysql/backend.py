@@ -743,24 +743,36 @@ class MySQLDialect(Dialect):
         # order), a keyed job without its key; then the keys are set in key order. Only the
         # keys take locks another transaction may wait on (the live-key unique index), so
         # two bulk inserts of the same keys take them in one order and cannot deadlock.
-        # A key a live job holds (or an earlier job of this call) refuses its job, which
-        # is deleted again: None, as job_insert answers.
+        # A key a live job holds (or an earlier job of this call) refuses its job: None, as
+        # job_insert answers. Keys held already are looked up first and their jobs not
+        # inserted at all (a client retrying a whole call sends only such keys); one taken
+        # meanwhile fails its update, and that job is deleted again.
+        keys = sorted({j.key for j in jobs if j.key is not None})
+        held = ({r["key"] for r in self._run(c, "job_live_by_keys", {"keys": keys}, dicts=True)}
+                if keys else set())
         out: list[int | None] = []
         for job in jobs:
+            if job.key is not None and job.key in held:
+                out.append(None)
+                continue
+            held.add(job.key)  # (a second job of the key in this call is refused)
             p = params(job)
             out.append(int(self.rows(c, "job_insert", {**p, "key": None} if job.key else p)[0][0]))
-        keyed = sorted((i for i, j in enumerate(jobs) if j.key is not None), key=lambda i: (jobs[i].key, i))
+        keyed = sorted((i for i, j in enumerate(jobs) if j.key is not None and out[i] is not None),
+                       key=lambda i: (jobs[i].key, i))
         # The keys' updates go many to a round trip where the connection takes several
         # statements (ours do): MySQL stops a batch at its first error, so a refused key
         # ends its batch there and the next batch starts after it.
         per_trip = 500 if c.client_flag & CLIENT.MULTI_STATEMENTS else 1
         [take_key] = STATEMENTS["job_take_key"]
+        with c.cursor() as cur:
+            texts = [cur.mogrify(take_key, {"id": out[i], "key": jobs[i].key}) for i in keyed]
         at = 0
         while at < len(keyed):
             batch = keyed[at:at + per_trip]
             ran = 0
             with c.cursor() as cur:
-                text = ";\n".join(cur.mogrify(take_key, {"id": out[i], "key": jobs[i].key}) for i in batch)
+                text = ";\n".join(texts[at:at + per_trip])
                 try:
                     cur.execute(text)
                     ran = 1
