@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ...errors import (
     ConfigurationError,
@@ -233,7 +233,7 @@ class PostgresDialect(Dialect):
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
-                    self._first_connection()
+                    first = self._first_connection()
                     pool = ConnectionPool(
                         self.conninfo, min_size=1, max_size=self.pool_size,
                         kwargs={**self._kwargs, "connect_timeout": int(self.connect_timeout)},
@@ -246,22 +246,29 @@ class PostgresDialect(Dialect):
                         pool.close(timeout=0)
                         raise DatabaseUnavailable(
                             f"cannot connect to PostgreSQL at {_redact(self.conninfo)} "
-                            f"within {self.connect_timeout:g}s"
+                            f"within {self.connect_timeout:g}s" + (f" (first: {first})" if first else "")
                         ) from exc
                     self._pool = pool
         return self._pool
 
-    def _first_connection(self) -> None:
-        """Connect once before the pool does: a server that refuses (no such database,
-        a wrong password or option, nothing listening) is reported at once with its
-        reason, where the pool would retry for connect_timeout and log each failure."""
+    def _first_connection(self) -> str | None:
+        """Connect once before the pool does. A definite refusal (no such database or
+        role, a wrong password, an option libpq cannot take) is raised at once with the
+        server's reason, where the pool would retry it for connect_timeout and log each
+        try. A failure that may pass (nothing listening yet, the server starting up or
+        shutting down, too many clients) is returned, and the pool waits as before."""
         try:
             kwargs = {**self._kwargs, "connect_timeout": int(self.connect_timeout)}
             psycopg.connect(self.conninfo, **kwargs).close()
         except psycopg.Error as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise DatabaseUnavailable(
-                f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {reason}") from None
+            reason = _redact_reason(self.conninfo, " ".join(str(exc).split()) or type(exc).__name__)
+            definite = (isinstance(exc, psycopg.ProgrammingError) or "connection is bad:" in reason
+                        or ("FATAL:" in reason and not any(t in reason for t in _PASSING)))
+            if definite:
+                raise DatabaseUnavailable(
+                    f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {reason}") from None
+            return reason
+        return None
 
     def _stale(self, conn: psycopg.Connection) -> bool:
         """Whether a connection the pool lends is dead. After a server restart every pooled
@@ -884,6 +891,19 @@ class PostgresWaiter:
             self._stop.set()
             if not self._waiting:
                 self._drop()
+
+
+_PASSING = ("starting up", "shutting down", "recovery mode", "not yet accepting",
+            "too many clients", "remaining connection slots")
+"""Server refusals that pass on their own: the pool waits them out."""
+
+
+def _redact_reason(conninfo: str, reason: str) -> str:
+    """libpq's message may quote the password (a malformed one, say): masked."""
+    password = urlsplit(conninfo).password
+    for shown_as in {password, unquote(password)} if password else ():
+        reason = reason.replace(shown_as, "***")
+    return reason
 
 
 def _redact(conninfo: str) -> str:
