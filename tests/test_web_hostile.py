@@ -702,14 +702,14 @@ def test_json_nested_10000_deep_is_a_malformed_json_problem_on_every_route(
 
 def test_applying_a_preview_that_found_no_job_leaves_jobs_enqueued_since_alone(
         server: Server, lib: App) -> None:
-    """The dashboard's "Cancel 0 matching jobs?" carries max_id 0 (the preview found none).
-    Applying it changes nothing, even for jobs of the filter that arrived after the
-    preview (0 once meant "no bound", and such a job could be cancelled)."""
+    """The dashboard's apply of a preview that found no job carries max_id 0. Applying it
+    changes nothing, even for jobs of the filter that arrived after the preview and fit
+    the expected count (0 once meant "no bound", and such a job was cancelled)."""
     browser, csrf = sign_in(server, server.admin)
     with closing(browser):
         late = lib.enqueue("h.late", queue="late-after-preview")
         r = browser.post("/jobs/apply", data={"csrf": csrf, "action": "cancel", "queue": "late-after-preview",
-                                              "max_id": "0", "expected": "0"})
+                                              "max_id": "0", "expected": "1"})
         assert r.status_code == 303 and "n=0" in r.headers["location"], (r.status_code, r.text[:300])
         assert lib.get_job(late.id).state == "ready"
         refused(browser.post("/jobs/apply", data={"csrf": csrf, "action": "explode", "max_id": "0",

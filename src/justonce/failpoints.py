@@ -150,7 +150,7 @@ def _from_env() -> None:
     spec = os.environ.get("JUSTONCE_FAILPOINTS")
     if spec:
         seed = os.environ.get("JUSTONCE_FAILPOINTS_SEED") or None
-        if seed is not None and not (seed.lstrip("-").isascii() and seed.lstrip("-").isdigit()):
+        if seed is not None and not re.fullmatch(r"-?[0-9]+", seed):
             raise InvalidOption(f"JUSTONCE_FAILPOINTS_SEED must be an integer, not {seed!r}")
         configure(spec, int(seed) if seed is not None else None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -121,8 +122,9 @@ def apply(body: S.ApplyIn, request: Request, who: Admin) -> S.ApplyOut:
                                      tolerance=body.tolerance)
     except Exception as exc:
         if getattr(exc, "applied", 0):  # chunks committed before the error: on the record too
-            audit(request, who, f"jobs.{body.action}_matching", "jobs", exc.applied,  # type: ignore[attr-defined]
-                  **shown, error=type(exc).__name__)
+            with contextlib.suppress(Exception):  # (the error itself goes on, whatever happens here)
+                audit(request, who, f"jobs.{body.action}_matching", "jobs", exc.applied,  # type: ignore[attr-defined]
+                      **shown, error=type(exc).__name__)
         raise
     audit(request, who, f"jobs.{body.action}_matching", "jobs", applied, **shown)
     return S.ApplyOut(action=body.action, previewed=body.expected, applied=applied)

@@ -10,6 +10,7 @@ database goes through Jinja's autoescaping.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -32,6 +33,7 @@ from ..backends.dashstore import Count
 from ..errors import (
     CountChanged,
     DatabaseUnavailable,
+    InvalidOption,
     InvalidTransition,
     JustonceError,
     KeyConflict,
@@ -372,8 +374,10 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
             if max_id == 0:
                 # The preview found no job: none that existed then can match (without a
                 # bound, jobs enqueued since would have been acted on). The action and the
-                # filter are still checked, as the preview checked them.
-                app.count_matching(action, app.job_filter(**f))
+                # filter are still checked, as the preview checked them (without a count).
+                app.job_filter(**f)
+                if action not in ("cancel", "retry"):
+                    raise InvalidOption(f"action must be cancel or retry, not {action!r}")
                 n = 0
             else:
                 where = app.job_filter(**f, max_id=max_id)
@@ -381,9 +385,10 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                     n = app.apply_matching(action, where, expected=expected)
                 except Exception as exc:
                     if getattr(exc, "applied", 0):
-                        audit(request, viewer, f"jobs.{action}_matching", json.dumps(f),
-                              exc.applied, expected=expected, max_id=max_id, via="dashboard",  # type: ignore[attr-defined]
-                              error=type(exc).__name__)
+                        with contextlib.suppress(Exception):  # (the error itself goes on)
+                            audit(request, viewer, f"jobs.{action}_matching", json.dumps(f),
+                                  exc.applied, expected=expected, max_id=max_id,  # type: ignore[attr-defined]
+                                  via="dashboard", error=type(exc).__name__)
                     raise
             audit(request, viewer, f"jobs.{action}_matching", json.dumps(f), n,
                   expected=expected, max_id=max_id, via="dashboard")
