@@ -114,8 +114,9 @@ PLANNED_EACH_TIME = frozenset({
     "effect_chunk_keys", "effect_chunk_held",
     # Batch acks: the batches an ack finishes, and which of them still wait.
     "batch_lock", "batch_pending",
-    # The metrics scrape's queue heads; the retry of dead and cancelled jobs by filter.
-    "metrics_snapshot", "jobs_count_retry", "jobs_retry_matching"})
+    # The metrics scrape's queue heads; the retry and cancel of jobs by filter (each chunk
+    # starts after an id: a generic plan made on a near-empty table walks every job).
+    "metrics_snapshot", "jobs_count_retry", "jobs_retry_matching", "jobs_cancel_matching"})
 """Statements never prepared, so planned for the table as it is at each run: those whose
 generic plan, made while a table holds a few rows, scans it whole where the same plan
 made once it has grown goes by an index (tests/test_pg_plans.py finds them, for every
