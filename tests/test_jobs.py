@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from justonce import App, Enqueue, InvalidTransition, JobNotFound, JobState, KeyConflict
+from justonce import App, Enqueue, InvalidTransition, Job, JobNotFound, JobState, KeyConflict
 from justonce.models import Completion, Failure
 from justonce.worker import Maintenance
 
@@ -678,3 +678,56 @@ def test_a_jobs_own_created_at_as_shown_bounds_the_time_filters_exactly(tapp: Ap
         assert job_id in listed(created_after=t, created_before=t + one), (job_id, t)
         assert job_id not in listed(created_before=t), (job_id, t)
         assert job_id not in listed(created_after=t + one), (job_id, t)
+
+
+def test_a_short_housekeeping_interval_is_not_held_back_by_a_long_one(db_url: str) -> None:
+    """A round is taken by a caller once its own interval has passed since the last round
+    by anyone: a worker with --housekeeping-interval 3600 that took a round does not hold
+    back the promotion and rescue of a worker with 0.2 s (once it set "next run" for
+    everyone, and a delayed job could wait an hour past its run_at)."""
+    app = App(db_url)
+    app.migrate()
+    try:
+        assert app.backend.maintenance_try("rescue", 3600.0, "slow")
+        assert not app.backend.maintenance_try("rescue", 0.2, "quick")  # a round just began
+        time.sleep(0.3)
+        assert app.backend.maintenance_try("rescue", 0.2, "quick")
+        assert not app.backend.maintenance_try("rescue", 3600.0, "slow")
+    finally:
+        app.close()
+
+
+def test_prune_leaves_a_dead_job_retried_while_it_ran(tapp: App, db_url: str) -> None:
+    """Prune picks dead jobs past retention, then deletes them; a retry that commits in
+    between (here: both wait on a row lock a third transaction holds, the retry first)
+    makes the job live again, and prune must leave it (Postgres once deleted it: the
+    retried job was gone)."""
+    import proc_app
+
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite has one writer: nothing commits between prune's pick and delete")
+    job = tapp.enqueue("add", [1, 1], queue="pr")
+    tapp.cancel(job.id)
+    holder = proc_app.ledger_connect(db_url)
+    try:
+        if db_url.startswith("mysql"):
+            holder.begin()
+            holder.cursor().execute("SELECT id FROM justonce_jobs WHERE id = %s FOR UPDATE", (job.id,))
+        else:
+            holder.autocommit = False
+            holder.execute("SELECT id FROM justonce_jobs WHERE id = %s FOR UPDATE", (job.id,))
+        retried: list[Job] = []
+        pruned: list[int] = []
+        a = threading.Thread(target=lambda: retried.append(tapp.retry(job.id)))
+        a.start()
+        time.sleep(0.5)
+        b = threading.Thread(target=lambda: pruned.append(tapp.backend.jobs_prune(0.0, 0.0)))
+        b.start()
+        time.sleep(0.5)
+        holder.commit()
+        a.join(30)
+        b.join(30)
+    finally:
+        holder.close()
+    assert retried and retried[0].state == "ready"
+    assert tapp.get_job(job.id).state == "ready" and pruned == [0]

@@ -283,6 +283,28 @@ def test_transactional_enqueue_refuses_something_that_is_not_a_connection(vapp: 
     assert_nothing_written(vapp)
 
 
+def test_a_time_option_past_a_floats_range_or_a_broken_timezone_is_invalid_option(vapp: App) -> None:
+    """delay=10**400 raised OverflowError from the check itself; a run_at whose tzinfo
+    raises, or gives an offset of a day or more, raised its own error."""
+    import datetime as dt
+
+    class TooFar(dt.tzinfo):
+        def utcoffset(self, d: dt.datetime | None) -> dt.timedelta:
+            return dt.timedelta(hours=25)
+
+    class Broken(dt.tzinfo):
+        def utcoffset(self, d: dt.datetime | None) -> dt.timedelta:
+            raise RuntimeError("no offset today")
+
+    for call in (lambda: vapp.enqueue("t", delay=10**400), lambda: vapp.enqueue("t", delay=-(10**400)),
+                 lambda: vapp.enqueue("t", timeout=10**400),
+                 lambda: vapp.enqueue("t", run_at=dt.datetime(2030, 1, 1, tzinfo=TooFar())),
+                 lambda: vapp.enqueue("t", run_at=dt.datetime(2030, 1, 1, tzinfo=Broken()))):
+        with pytest.raises(InvalidOption):
+            call()
+    assert_nothing_written(vapp)
+
+
 def test_a_name_with_a_trailing_newline_is_refused_everywhere(vapp: App) -> None:
     """Names are matched to their end: a pattern ending in $ also matched before a final
     newline, so "mail\\n" passed as a queue (and reached the dashboard and /metrics)."""

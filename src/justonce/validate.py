@@ -290,9 +290,13 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
 def _number(value: Any, what: str) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and math.isnan(value)):
         raise InvalidOption(f"{what} must be a number of seconds, not {shown(value)}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past a float's range: too many seconds for any bound
+        return math.inf if value > 0 else -math.inf
 
 
 def delay(value: Any) -> float:
@@ -310,7 +314,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def run_at(value: Any) -> datetime:
     if not isinstance(value, datetime):
         raise InvalidOption(f"run_at must be a datetime, not {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
+    try:
+        offset = value.utcoffset()
+    except Exception as exc:  # noqa: BLE001 - a tzinfo of the caller's that fails or is out of range
+        raise InvalidOption(f"run_at's timezone gives no usable offset: {exc}") from None
+    if value.tzinfo is None or offset is None:
         raise InvalidOption("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
     # A sanity bound only (the caller's clock): the database's clock decides when it runs.
     if value > datetime.now(UTC) + timedelta(seconds=MAX_DELAY_SECONDS):

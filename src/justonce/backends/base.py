@@ -159,7 +159,9 @@ class Backend(Protocol):
 
     # -- housekeeping ---------------------------------------------------------------
     def maintenance_try(self, name: str, interval: float, owner: str) -> bool:
-        """True for exactly one caller per ``interval`` s per name (across processes)."""
+        """True for exactly one caller at a time per name (across processes), once its own
+        ``interval`` s have passed since the last round by anyone: a caller with a long
+        interval does not hold back one with a short one."""
 
     def jobs_promote(self, limit: int = 5000) -> int:
         """scheduled jobs whose run_at has come → ready. Returns how many."""

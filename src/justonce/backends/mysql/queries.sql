@@ -342,16 +342,19 @@ DELETE FROM justonce_jobs WHERE id IN %(picked)s;
 SELECT queue, state, COUNT(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state;
 
 -- name: maintenance_try
--- The upsert takes the duty's row lock, so callers take turns. It moves next_run_at only
--- when the duty is due (last_owner first: each assignment sees the ones before it); a call
+-- The upsert takes the duty's row lock, so callers take turns. next_run_at holds when the
+-- last round began (see the PostgreSQL file): it moves only when this caller's interval
+-- has passed since (last_owner first: each assignment sees the ones before it); a call
 -- that is not due changes nothing, which ends the block with no row. The SELECT confirms
 -- that the row holds what this caller wrote.
-SET @justonce_due = NOW(6) + INTERVAL ROUND(%(interval)s * 1000000) MICROSECOND;
+SET @justonce_due = NOW(6);
 INSERT INTO justonce_maintenance (name, next_run_at, last_owner)
 VALUES (%(name)s, @justonce_due, %(owner)s)
 ON DUPLICATE KEY UPDATE
-   last_owner = IF(next_run_at <= NOW(6), %(owner)s, last_owner),
-   next_run_at = IF(next_run_at <= NOW(6), @justonce_due, next_run_at);
+   last_owner = IF(next_run_at <= NOW(6) - INTERVAL ROUND(%(interval)s * 1000000) MICROSECOND,
+                   %(owner)s, last_owner),
+   next_run_at = IF(next_run_at <= NOW(6) - INTERVAL ROUND(%(interval)s * 1000000) MICROSECOND,
+                    @justonce_due, next_run_at);
 SELECT name FROM justonce_maintenance
  WHERE name = %(name)s AND last_owner = %(owner)s AND next_run_at = @justonce_due;
 

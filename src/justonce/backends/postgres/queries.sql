@@ -312,18 +312,26 @@ WITH old AS (
         OR (state = 'dead' AND finished_at < now() - %(keep_dead)s::float8 * interval '1 second')
      LIMIT %(limit)s
 )
+-- The state is checked again on the row being deleted: a job retried since the pick (ready
+-- again, committed while this statement waited on its row) is live, and stays.
 DELETE FROM justonce_jobs j USING old WHERE j.id = old.id
+   AND ((j.state IN ('succeeded','cancelled')
+         AND j.finished_at < now() - %(keep_succeeded)s::float8 * interval '1 second')
+        OR (j.state = 'dead' AND j.finished_at < now() - %(keep_dead)s::float8 * interval '1 second'))
 RETURNING j.id
 
 -- name: queue_counts
 SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state
 
 -- name: maintenance_try
+-- next_run_at holds when the last round began (its name is older than this meaning): a
+-- caller takes the round when its own interval has passed since, so a worker with a long
+-- --housekeeping-interval never holds back the others (it set "next run" for everyone).
 INSERT INTO justonce_maintenance AS m (name, next_run_at, last_owner)
-VALUES (%(name)s, now() + %(interval)s::float8 * interval '1 second', %(owner)s)
+VALUES (%(name)s, now(), %(owner)s)
 ON CONFLICT (name) DO UPDATE
    SET next_run_at = EXCLUDED.next_run_at, last_owner = EXCLUDED.last_owner
- WHERE m.next_run_at <= now()
+ WHERE m.next_run_at <= now() - %(interval)s::float8 * interval '1 second'
 RETURNING name
 
 -- Dashboard (backends/dashstore.py, web/snapshot.py). Each statement stays bounded on a

@@ -187,11 +187,12 @@ RETURNING id
 SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state
 
 -- name: maintenance_try
+-- next_run_at holds when the last round began: see the PostgreSQL file.
 INSERT INTO justonce_maintenance (name, next_run_at, last_owner)
-VALUES (:name, NOW() + :interval, :owner)
+VALUES (:name, NOW(), :owner)
 ON CONFLICT (name) DO UPDATE
    SET next_run_at = excluded.next_run_at, last_owner = excluded.last_owner
- WHERE justonce_maintenance.next_run_at <= NOW()
+ WHERE justonce_maintenance.next_run_at <= NOW() - :interval
 RETURNING name
 
 -- Batches. The algorithm is shared by every dialect (backends/batchstore.py); these
