@@ -101,6 +101,7 @@ def test_the_per_user_jobs_push_with_a_killed_worker_sends_no_user_two_emails(
     (["--smtp", "nowhere"], "HOST:PORT"),
     (["--smtp", "127.0.0.1:0"], "HOST:PORT"),
     (["--smtp", "127.0.0.1:2525", "--redo"], "--redo needs the demo's own SMTP server"),
+    (["--smtp", "127.0.0.1:1"], "cannot connect to 127.0.0.1:1"),  # (nothing listens there)
     (["--senders", "0"], "--senders"),
     (["--workers", "65"], "--workers"),
     (["--users", "999"], "--users"),
@@ -111,6 +112,32 @@ def test_demo_push_refuses_bad_options_with_one_line(tmp_path: Path, args: list[
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "justonce.db").exists()
+
+
+def test_a_second_demo_push_on_a_database_where_one_runs_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    """A demo's set-up remakes the demo's tables: a second demo on the same database would
+    wipe out the Push the first is sending (its whole list then never reached). While one
+    runs (it holds the demo's partition lease), another refuses with one line."""
+    from justonce import App
+    from justonce.demo.push import DEMO_LEASE
+
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    app = App(url)
+    app.migrate()
+    running = app.partitions.try_acquire(DEMO_LEASE, 1, lease=60)
+    assert running is not None
+    try:
+        result = subprocess.run([sys.executable, "-m", "justonce", "demo", "push", "--users", "1000",
+                                 "--database-url", url], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and "another `justonce demo push` is running" in result.stdout, result
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "demo.db") as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "demo_users" not in tables  # (its set-up never ran)
+    finally:
+        running.release()
+        app.close()
 
 
 def test_the_ceiling_counts_only_what_every_sender_sent_inside_one_common_window() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -473,6 +474,10 @@ def demo_push(users: int, workers: int, senders: int, per_user_jobs: bool, kill_
             raise click.UsageError("--redo needs the demo's own SMTP server: its log tells which emails in "
                                    "doubt were delivered (with your server, check its log and use "
                                    "`justonce effects resolve`)")
+        try:  # (before anything is set up: a Push to a server that is not there sends nothing)
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot connect to {smtp}: {exc}", param_hint="--smtp") from None
     opts = Options(users=users, workers=workers, senders=senders, kill_one=kill_one, smtp=smtp, seed=seed,
                    per_user_jobs=per_user_jobs, redo=redo)
     ok = run_push_demo(database_url, opts, out)

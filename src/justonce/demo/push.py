@@ -25,6 +25,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -96,6 +97,35 @@ def run_push_demo(database_url: str | None, opts: Options, out: Console) -> bool
         app.use_database(database_url)
     url = app.database_url
     app.migrate()
+    # One demo Push per database at a time: its set-up drops and remakes the demo's tables,
+    # which a Push still running there reads (it would lose its whole Push). The product's
+    # own partition lease says whether one runs; it lapses 10 s after a demo that died.
+    lease = app.partitions.try_acquire(DEMO_LEASE, 1, lease=10.0)
+    if lease is None:
+        out.print(f"[red]another `justonce demo push` is running on {url}: wait for it to end "
+                  "(or use another database)[/red]")
+        return False
+    lease.start_renewing()
+    # SIGTERM ends the demo through its finally blocks (its workers stopped, a worker it
+    # froze to pick a victim let go on), not at once.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
+    try:
+        return _run(url, opts, out)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+        lease.release()
+
+
+DEMO_LEASE = "justonce-demo-push"
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run(url: str, opts: Options, out: Console) -> bool:
     conn = connect(url)
     run = _setup(conn, opts)
     mode = "one job per user" if opts.per_user_jobs else f"{opts.workers} slot jobs per phase"
