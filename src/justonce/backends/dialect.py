@@ -207,9 +207,9 @@ class Dialect:
         it, a partition key's jobs one at a time (the partitioned claim goes by id).
         Default: ``job_insert`` once per job, in the order given (no multi-row insert
         reports which rows a unique key refused). Where concurrent writers lock keys (not
-        SQLite's one writer), a dialect inserts keyed jobs in key order instead, so that
-        two bulk inserts of the same keys cannot deadlock, and must then give the ids back
-        in the order given."""
+        SQLite's one writer), a dialect takes the keys in key order while the ids still
+        follow the list, so that two bulk inserts of the same keys cannot deadlock
+        (Postgres: ids drawn first; MariaDB: keys set after the rows)."""
         out: list[int | None] = [None] * len(jobs)
         for i, job in enumerate(jobs):
             rows = self.rows(c, "job_insert", params(job))

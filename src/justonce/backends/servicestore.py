@@ -12,6 +12,7 @@ into the matching states meanwhile (retried, then dead again before the next chu
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidOption, KeyConflict
@@ -23,6 +24,11 @@ from .dialect import Dialect
 ACTIONS = ("cancel", "retry")
 KEY_ROUNDS = 5
 """Tries of a retry chunk that a newly enqueued key keeps failing."""
+
+
+def _chunk_taken(rows: Sequence[Any], after: int) -> tuple[int, int]:
+    """A chunk's answer: how many jobs it took, and the highest id (``after`` if none)."""
+    return len(rows), max((int(r[0]) for r in rows), default=after)
 
 
 class ServiceOps:
@@ -56,7 +62,7 @@ class ServiceOps:
         def run(c: Any) -> tuple[int, int]:
             rows = self.d.rows(c, "jobs_cancel_matching", params)
             self.batches.resolve_job_items(c, [r[1] for r in rows], "cancelled")
-            return len(rows), max((int(r[0]) for r in rows), default=after)
+            return _chunk_taken(rows, after)
 
         return self.d.tx(None, run)
 
@@ -68,19 +74,17 @@ class ServiceOps:
         params = {**self.filter_params(where), "limit": limit, "after": after}
 
         def run(c: Any) -> tuple[int, int]:
-            rows = self.d.rows(c, "jobs_retry_matching", params)
-            return len(rows), max((int(r[0]) for r in rows), default=after)
+            return _chunk_taken(self.d.rows(c, "jobs_retry_matching", params), after)
 
-        for attempt in range(KEY_ROUNDS):
+        for _ in range(KEY_ROUNDS):
             try:
                 return self.d.tx(None, run)
             except Exception as exc:
-                if not self.d.is_unique_violation(exc) or attempt == KEY_ROUNDS - 1:
-                    if self.d.is_unique_violation(exc):
-                        raise KeyConflict("a job's key was taken by a new live job each time "
-                                          "this chunk was tried: preview again") from exc
+                if not self.d.is_unique_violation(exc):
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
+                taken = exc
+        raise KeyConflict("a job's key was taken by a new live job each time this chunk was "
+                          "tried: preview again") from taken
 
     # -- tokens -------------------------------------------------------------------------
     def _token(self, r: Any) -> TokenInfo:

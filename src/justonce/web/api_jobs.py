@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -12,7 +11,7 @@ from ..models import JobFilter
 from ..tasks import Enqueue
 from ..types import JobState
 from . import schemas as S
-from .auth import Principal, audit, require_admin, require_read
+from .auth import Principal, audit, audit_applied_before, require_admin, require_read
 from .problems import ERRORS
 
 router = APIRouter(responses=ERRORS)
@@ -121,10 +120,7 @@ def apply(body: S.ApplyIn, request: Request, who: Admin) -> S.ApplyOut:
         applied = app.apply_matching(body.action, where, expected=body.expected,
                                      tolerance=body.tolerance)
     except Exception as exc:
-        if getattr(exc, "applied", 0):  # chunks committed before the error: on the record too
-            with contextlib.suppress(Exception):  # (the error itself goes on, whatever happens here)
-                audit(request, who, f"jobs.{body.action}_matching", "jobs", exc.applied,  # type: ignore[attr-defined]
-                      **shown, error=type(exc).__name__)
+        audit_applied_before(request, who, f"jobs.{body.action}_matching", "jobs", exc, **shown)
         raise
     audit(request, who, f"jobs.{body.action}_matching", "jobs", applied, **shown)
     return S.ApplyOut(action=body.action, previewed=body.expected, applied=applied)

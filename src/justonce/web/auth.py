@@ -26,6 +26,7 @@ The contract other parts of the service (the JSON API, the dashboard) build on:
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
@@ -224,6 +225,17 @@ async def _form_field(request: Request, name: str) -> str | None:
     except FormError as exc:
         raise Problem(exc.status, "FormTooLarge" if exc.status == 413 else "MalformedForm",
                       str(exc)) from None
+
+
+def audit_applied_before(request: Request, principal: Principal, action: str, target: str | None,
+                         exc: BaseException, **detail: Any) -> None:
+    """An action on all matching jobs failed in a chunk: the chunks committed before it
+    (``exc.applied`` jobs) go on the audit trail too, best effort (the action's own error
+    goes on whatever happens here)."""
+    applied = getattr(exc, "applied", 0)
+    if applied:
+        with contextlib.suppress(Exception):
+            audit(request, principal, action, target, applied, **detail, error=type(exc).__name__)
 
 
 def audit(request: Request, principal: Principal, action: str, target: str | None = None,

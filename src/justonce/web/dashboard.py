@@ -10,7 +10,6 @@ database goes through Jinja's autoescaping.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -41,7 +40,7 @@ from ..errors import (
 )
 from ..validate import shown
 from . import session
-from .auth import FormError, Principal, audit, parse_form
+from .auth import FormError, Principal, audit, audit_applied_before, parse_form
 from .problems import status_of
 from .snapshot import STATES, Snapshots
 
@@ -384,11 +383,8 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                 try:
                     n = app.apply_matching(action, where, expected=expected)
                 except Exception as exc:
-                    if getattr(exc, "applied", 0):
-                        with contextlib.suppress(Exception):  # (the error itself goes on)
-                            audit(request, viewer, f"jobs.{action}_matching", json.dumps(f),
-                                  exc.applied, expected=expected, max_id=max_id,  # type: ignore[attr-defined]
-                                  via="dashboard", error=type(exc).__name__)
+                    audit_applied_before(request, viewer, f"jobs.{action}_matching", json.dumps(f), exc,
+                                         expected=expected, max_id=max_id, via="dashboard")
                     raise
             audit(request, viewer, f"jobs.{action}_matching", json.dumps(f), n,
                   expected=expected, max_id=max_id, via="dashboard")
