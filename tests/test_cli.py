@@ -19,7 +19,8 @@ COMMANDS = [[], ["migrate"], ["worker"], ["enqueue"], ["status"], ["jobs"], ["jo
             ["effects", "in-doubt"], ["effects", "resolve"], ["serve"], ["tokens"],
             ["tokens", "create"], ["tokens", "list"], ["tokens", "revoke"], ["lists"], ["lists", "list"],
             ["lists", "show"], ["lists", "create"], ["lists", "append"], ["lists", "seal"],
-            ["lists", "drop"], ["lists", "run"], ["lists", "kick"], ["lists", "drain"]]
+            ["lists", "drop"], ["lists", "run"], ["lists", "kick"], ["lists", "drain"], ["queues"],
+            ["queues", "list"], ["queues", "pause"], ["queues", "resume"]]
 
 
 def run(*args: str, ok: bool = True):
@@ -34,7 +35,7 @@ def test_every_command_has_help(cmd: list[str]) -> None:
     result = run(*cmd, "--help")
     assert "Usage:" in result.output
     if cmd and cmd not in (["jobs"], ["demo"], ["batches"], ["partitions"], ["effects"], ["tokens"],
-                           ["lists"]):
+                           ["lists"], ["queues"]):
         assert "--database-url" in result.output
 
 
@@ -82,6 +83,9 @@ def test_migrate_enqueue_status_and_jobs_commands(db_url: str) -> None:
     (["jobs", "list", "--state", "sleeping"], "sleeping"),
     (["worker", "--app", "json:dumps"], "not a justonce.App"),
     (["worker", "--app", "x:y", "--concurrency", "0"], "concurrency"),
+    (["queues", "pause", "bad queue"], "bad queue name"),
+    (["queues", "resume", "mail\n"], "InvalidName"),
+    (["queues", "pause", "mail", "--note", "n" * 4001], "note must be"),
 ])
 def test_bad_input_gets_one_line_and_a_non_zero_exit(db_url: str, args, needle) -> None:
     run("migrate", "--database-url", db_url)
@@ -89,6 +93,24 @@ def test_bad_input_gets_one_line_and_a_non_zero_exit(db_url: str, args, needle) 
     assert result.exit_code != 0
     assert needle in result.output
     assert "Traceback" not in result.output
+
+
+def test_queues_pause_list_and_resume(db_url: str) -> None:
+    run("migrate", "--database-url", db_url)
+    app = App(db_url, strict=False)
+    app.enqueue("t", queue="mail")
+    out = run("queues", "pause", "mail", "--note", "smtp down", "--database-url", db_url).output
+    assert "queue mail paused" in out
+    [pause] = app.paused_queues()
+    assert pause.note == "smtp down" and pause.actor is not None and pause.actor.startswith("cli ")
+    assert app.backend.job_claim("mail", 5, "cli-test", 30) == []
+    listed = run("queues", "list", "--database-url", db_url).output
+    assert "paused" in listed and "smtp down" in listed
+    assert "paused: mail" in run("status", "--database-url", db_url).output
+    assert "queue mail resumed" in run("queues", "resume", "mail", "--database-url", db_url).output
+    assert "was not paused" in run("queues", "resume", "mail", "--database-url", db_url).output
+    assert app.paused_queues() == [] and len(app.backend.job_claim("mail", 5, "cli-test", 30)) == 1
+    app.close()
 
 
 @pytest.mark.parametrize("url", ["nonsense", "oracle://x/y", "mysql://x/y/z", "mysql://x/y?colour=blue",

@@ -184,6 +184,18 @@ def test_admin_signs_in_watches_a_batch_retries_a_dead_job_and_cancels_all_match
     assert {app.get_job(j).state for j in bulk} == {"cancelled"}
     assert app.get_job(dead_id).state == "ready", "a job outside the filter is untouched"
 
+    # Pause a queue from the overview: workers stop taking its jobs; resume it.
+    page.goto(base + "/")
+    page.locator("tr[data-queue='default'] button", has_text="Pause").click()
+    page.wait_for_selector("text=The queue is paused")
+    assert [p.queue for p in app.paused_queues()] == ["default"]
+    assert page.locator("tr[data-queue='default'] .paused").inner_text() == "paused"
+    assert app.backend.job_claim("default", 5, "worker-1@host-a:4242", 60) == []
+    page.locator("tr[data-queue='default'] button", has_text="Resume").click()
+    page.wait_for_selector("text=The queue is resumed")
+    assert app.paused_queues() == []
+    assert page.locator("tr[data-queue='default'] .paused").count() == 0
+
     # A POST without the session's CSRF token is refused, even with an admin session.
     forged = page.request.post(f"{base}/jobs/{dead_id}/cancel", form={"csrf": "forged"})
     assert forged.status == 403
@@ -215,9 +227,11 @@ def test_read_only_token_sees_no_buttons_and_its_forged_posts_are_refused(
     csrf = page.context.cookies()
     token = next(c["value"] for c in csrf if c["name"] == "justonce_csrf")
     for path, form in ((f"/jobs/{dead_id}/retry", {}), (f"/jobs/{live.id}/cancel", {}),
-                       ("/jobs/apply", {"action": "cancel", "max_id": "0", "expected": "1"})):
+                       ("/jobs/apply", {"action": "cancel", "max_id": "0", "expected": "1"}),
+                       ("/queues/default/pause", {})):
         r = page.request.post(base + path, form={"csrf": token, **form})
         assert r.status == 403, (path, r.status)
+    assert app.paused_queues() == []
     assert app.get_job(dead_id).state == "dead"
     assert app.get_job(live.id).state == "ready"
 

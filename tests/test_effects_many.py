@@ -513,7 +513,7 @@ def test_a_v8_ledger_migrates_to_the_narrow_in_doubt_index_and_its_entries_read_
     old.close()
     app = App(db_url)
     try:
-        assert app.migrate() == ["0009_in_doubt_index"]
+        assert app.migrate() == ["0009_in_doubt_index", "0010_queue_pauses"]
         assert {s: app.effects.counts(s) for s in before} == before
         assert before["bulk"] == {"done": 2000} and before["one"] == {"in_doubt": 1, "running": 1}
         assert doubt == ["late:a", "late:b", "one:1"]

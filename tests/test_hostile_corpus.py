@@ -149,6 +149,8 @@ def entries(app: App) -> dict[str, list[tuple[str, Call]]]:
             ("app.job_filter task", lambda v: app.job_filter(task=v)),
             ("app.count_matching action", lambda v: app.count_matching(v, JobFilter())),
             ("app.apply_matching action", lambda v: app.apply_matching(v, JobFilter(), expected=0)),
+            ("app.pause_queue queue", lambda v: app.pause_queue(v)),
+            ("app.resume_queue queue", lambda v: app.resume_queue(v)),
             ("partitions.try_acquire set_name", lambda v: P.try_acquire(v, 4)),
             ("partitions.acquire set_name", lambda v: P.acquire(v, 4, timeout=0)),
             ("partitions.list set_name", lambda v: P.list(v)),
@@ -323,6 +325,8 @@ def entries(app: App) -> dict[str, list[tuple[str, Call]]]:
             ("lists.bury reason", lambda v: L.bury(res, reason=v)),
             ("lists.reserve request_id", lambda v: L.reserve("sealed", request_id=v)),
             ("effects.resolve note", lambda v: E.resolve("s", "present", done=True, note=v)),
+            ("app.pause_queue note", lambda v: app.pause_queue("corpus-q", note=v)),
+            ("app.pause_queue actor", lambda v: app.pause_queue("corpus-q", actor=v)),
             ("effects.resolve_many note", lambda v: E.resolve_many("s", ["present"], done=True, note=v)),
             ("partitions.scan description", lambda v: P.scan("corpus.noop", column="id", n=2, description=v)),
             ("tokens.create name", lambda v: T.create(v, "read")),
@@ -483,6 +487,7 @@ APIS: dict[str, type] = {"app": App, "batches": Batches, "effects": Effects, "li
 NO_INPUT = {
     # Nothing to refuse: these take no argument (other than self).
     "app.migrate", "app.close", "app.queue_counts", "app.metrics_snapshot", "tokens.list",
+    "app.paused_queues",
 }
 """Public methods that take no input, so the corpus has nothing to throw at them.
 (``app.backend`` is a property: the storage layer itself, below every check.)"""
@@ -601,6 +606,11 @@ def cli_cases(files: dict[str, str]) -> list[list[str]]:
         ["migrate", "--database-url", "nonsense"], ["migrate", "--database-url", "sqlite:////no/such/dir/x.db"],
         ["status", "--database-url", "oracle://x/y"], ["status", "--database-url", "sqlite:///" + "a" * 10_000],
         ["tokens", "list", "--database-url", "mysql://x/y/z"],
+        ["queues", "list", "--database-url", "mysql://x/y/z"], ["queues", "pause", "a b"],
+        ["queues", "pause", Q], ["queues", "pause", "a\x00b"], ["queues", "pause", ""],
+        ["queues", "pause", "q", "--note", "a\x00b"], ["queues", "pause", "q", "--note", "n" * 5000],
+        ["queues", "pause", "q", "--note", "a\udcffb"], ["queues", "resume", "a\udcffb"],
+        ["queues", "resume", "-q"], ["queues", "resume", "q" * 64],
         ["tokens", "list", "--database-url", "postgresql://h:notaport/db"],
     ]
 

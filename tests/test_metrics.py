@@ -421,6 +421,22 @@ def test_service_metrics_reads_the_database_once_per_window(app: App) -> None:
     assert body2 == body
 
 
+def test_database_collector_shows_which_queues_are_paused(app: App) -> None:
+    registry = CollectorRegistry()
+    registry.register(DatabaseCollector(app, cache_seconds=0))
+    app.strict = False  # (a task name no worker needs to know)
+    app.enqueue("metrics.t", queue="mail")
+    app.pause_queue("mail")
+    app.pause_queue("idle")  # (no jobs: listed all the same, to be resumed)
+    m = parse(generate_latest(registry).decode())
+    assert value(m, "justonce_queue_paused", queue="mail") == 1
+    assert value(m, "justonce_queue_paused", queue="idle") == 1
+    app.resume_queue("mail")
+    m = parse(generate_latest(registry).decode())
+    assert value(m, "justonce_queue_paused", queue="idle") == 1
+    assert m["justonce_queue_paused"][frozenset({"queue": "mail"}.items())] == 0
+
+
 def test_database_collector_reports_an_outage_instead_of_failing(tmp_path: Path) -> None:
     app = App(f"sqlite:///{tmp_path / 'gone.db'}")
     app.migrate()

@@ -17,8 +17,8 @@ EXPECTED = {
     # effects
     "AT_LEAST_ONCE", "AT_MOST_ONCE", "EffectClaim", "EffectInfo", "EffectNotFound",
     "EffectOutcome", "Effects", "EffectsOutcome", "LockTimeout",
-    # the service: job filters and actions on all matching, queue stats, tokens, audit
-    "JobFilter", "CountChanged", "QueueStats", "Tokens", "TokenInfo", "TokenNotFound", "Audit",
+    # the service: job filters and actions on all matching, queue stats and pauses, tokens, audit
+    "JobFilter", "CountChanged", "QueueStats", "QueuePause", "Tokens", "TokenInfo", "TokenNotFound", "Audit",
     "AuditEntry",
     # lists
     "Lists", "ListInfo", "ListProgress", "ListCompletion", "ListRun", "Reservation",

@@ -213,6 +213,31 @@ def test_cancel_and_retry_one_job_are_audited(admin: httpx.Client, lib: App) -> 
     assert entries[0]["actor"] == "test admin" and entries[0]["target"] == f"job:{job['id']}"
 
 
+def test_a_queue_paused_over_http_is_shown_skipped_and_resumed_and_audited(
+        admin: httpx.Client, reader: httpx.Client, lib: App) -> None:
+    job = admin.post("/api/v1/jobs", json={"task": "pause.t", "queue": "held"}).json()
+    before = snapshot(lib)
+    assert_problem(reader.post("/api/v1/queues/held/pause"), 403, "Forbidden")
+    assert_problem(admin.post("/api/v1/queues/held/pause", json={"note": "\u0000"}), 422, "InvalidOption")
+    assert_problem(admin.post("/api/v1/queues/held%20q/pause"), 422, "InvalidName")
+    assert snapshot(lib) == before and lib.paused_queues() == []
+    r = admin.post("/api/v1/queues/held/pause", json={"note": "mail server down"})
+    assert r.status_code == 200, r.text
+    pause = r.json()
+    assert (pause["queue"], pause["note"], pause["actor"]) == ("held", "mail server down", "test admin")
+    assert admin.post("/api/v1/queues/held/pause").json() == pause  # the first pause stays
+    queues = {q["queue"]: q for q in reader.get("/api/v1/queues").json()["queues"]}
+    assert queues["held"]["paused"] == pause and queues["held"]["counts"]["ready"] == 1
+    assert all(q["paused"] is None for name, q in queues.items() if name != "held")
+    assert lib.backend.job_claim("held", 10, "http-test", 30) == []
+    assert admin.post("/api/v1/queues/held/resume").json() == {"queue": "held", "resumed": True}
+    assert admin.post("/api/v1/queues/held/resume").json() == {"queue": "held", "resumed": False}
+    assert [j.id for j in lib.backend.job_claim("held", 10, "http-test", 30)] == [job["id"]]
+    entries = admin.get("/api/v1/audit", params={"limit": 4}).json()["entries"]
+    assert [e["action"] for e in entries] == ["queue.resume", "queue.resume", "queue.pause", "queue.pause"]
+    assert {e["target"] for e in entries} == {"queue:held"}
+
+
 def test_preview_then_apply_to_all_matching_counts_and_audits(admin: httpx.Client, reader: httpx.Client,
                                                               lib: App) -> None:
     ids = admin.post("/api/v1/jobs/bulk", json={"jobs": [{"task": "sweep.t", "queue": "sweep"}

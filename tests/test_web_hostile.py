@@ -116,6 +116,8 @@ def api_actions(w: dict[str, Any]) -> list[tuple[str, Any]]:
         (f"{lst}/bury", {"token": tok}),
         (f"{lst}/kick", {}),
         (f"{lst}/next", {}),
+        ("/api/v1/queues/h-paused/pause", {}),
+        ("/api/v1/queues/h-paused/resume", {}),
     ]
 
 
@@ -128,6 +130,8 @@ def dash_actions(w: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
         (f"/jobs/{w['dead']}/retry", {}),
         ("/effects/resolve", {"state": "done", "scope": "s", "key": "k"}),
         (f"/lists/{w['list']}/kick", {}),
+        ("/queues/h-paused/pause", {}),
+        ("/queues/h-paused/resume", {}),
     ]
 
 
@@ -271,6 +275,8 @@ def hostile_json(w: dict[str, Any]) -> list[tuple[str, bytes]]:
     generic = [b"", b"{", b"nul", b"[]", b'"x"', b"null", b"1e999", b"\xff\xfe", b'{"a":1}',
                b"{" + b'"a":' * 3000 + b"1" + b"}" * 3000, deep, b'{"task": NaN}']
     out = [(p, body) for p in routes for body in generic]
+    # A pause's body is optional: none (or null) is no note; anything else bad is refused.
+    out += [("/api/v1/queues/h-q/pause", body) for body in generic if body not in (b"", b"null")]
     job = {"task": "h.new"}
     specific: list[tuple[str, Any]] = [
         ("/api/v1/jobs", {"task": "a\u0000b"}), ("/api/v1/jobs", {**job, "args": ["\u0000"]}),
@@ -318,6 +324,11 @@ def hostile_json(w: dict[str, Any]) -> list[tuple[str, bytes]]:
         ("/api/v1/effects/resolve", {"scope": "s", "key": 10**30, "done": True}),
         ("/api/v1/effects/resolve", {"scope": "s", "key": "k", "done": "yes please"}),
         ("/api/v1/effects/resolve", {"scope": "s", "key": "k", "done": True, "note": "\u0000"}),
+        ("/api/v1/queues/h-q/pause", {"note": "\u0000"}), ("/api/v1/queues/h-q/pause", {"note": 7}),
+        ("/api/v1/queues/h-q/pause", {"note": "n" * 4001}), ("/api/v1/queues/h-q/pause", {"why": "x"}),
+        ("/api/v1/queues/h-q/pause", ["x"]), ("/api/v1/queues/bad%20name/pause", {}),
+        ("/api/v1/queues/%00/pause", {}), ("/api/v1/queues/" + "q" * 64 + "/pause", {}),
+        ("/api/v1/queues/-q/resume", {}), ("/api/v1/queues/%ED%A0%80/resume", {}),
         ("/api/v1/session", {"token": "\u0000"}), ("/api/v1/session", {"token": 7}),
         ("/api/v1/session", {"token": "jo_" + "a" * 100_000}),
         *list_bodies(w),
@@ -454,6 +465,8 @@ def dash_forms(w: dict[str, Any]) -> list[tuple[str, dict[str, str] | bytes]]:
         ("/signin", b"token=%ED%A0%80"), ("/signin", b"token=\xff"),
         ("/lists/no-such-list/kick", {}), ("/lists/%00/kick", {}), ("/lists/" + "x" * 100 + "/kick", {}),
         ("/lists/a%2F..%2F..%2Fetc/kick", {}),
+        ("/queues/%00/pause", {}), ("/queues/bad%20name/resume", {}), ("/queues/" + "q" * 64 + "/pause", {}),
+        ("/queues/h-q/drop", {}), ("/queues/a%2F..%2F..%2Fetc/pause", {}),
     ]
 
 

@@ -19,7 +19,7 @@ from .effects import Effects
 from .errors import CountChanged, InvalidOption, InvalidTransition, JobNotFound, UnknownTask
 from .events import Event, emit
 from .lists import Lists
-from .models import Job, JobFilter, MetricsSnapshot, NewJob, QueueCount, QueueStats
+from .models import Job, JobFilter, MetricsSnapshot, NewJob, QueueCount, QueuePause, QueueStats
 from .partitions import Partitions, partition_hash
 from .retry import Backoff
 from .tasks import Enqueue, Task, call_template
@@ -258,6 +258,35 @@ class App:
 
     def queue_counts(self) -> list[QueueCount]:
         return self.backend.queue_counts()
+
+    def pause_queue(self, queue: str, *, note: str | None = None, actor: str | None = None) -> QueuePause:
+        """Pause ``queue``: no worker claims a job of it until :meth:`resume_queue`. Every
+        claim that starts after this returns skips the queue, on every worker and machine;
+        jobs already claimed (running, or taken by a worker a moment before) finish.
+        Enqueueing goes on: the jobs wait, ready or scheduled. Pausing a paused queue
+        changes nothing (the first pause, its time and note, stays) and a queue need not
+        hold jobs to be paused. Returns the pause in force."""
+        queue = validate.queue_name(queue)
+        if note is not None:
+            note = validate.text(note, "note", 4000)
+        if actor is not None:
+            actor = validate.text(actor, "actor", 200)
+        pause = self.backend.queue_pause(queue, actor, note)
+        emit(Event.QUEUE_PAUSED, "queue paused", queue=queue)
+        return pause
+
+    def resume_queue(self, queue: str) -> bool:
+        """Resume a paused queue: its ready jobs are claimed again (at once by workers that
+        listen on Postgres; at their next poll elsewhere). False when it was not paused."""
+        queue = validate.queue_name(queue)
+        resumed = self.backend.queue_resume(queue)
+        if resumed:
+            emit(Event.QUEUE_RESUMED, "queue resumed", queue=queue)
+        return resumed
+
+    def paused_queues(self) -> list[QueuePause]:
+        """The paused queues, by name."""
+        return self.backend.queue_pauses()
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         """Per queue, the age of the longest-waiting ready job at the queue's head, and

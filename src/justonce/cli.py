@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
 import click
@@ -194,7 +195,8 @@ def enqueue(task: str, args_json: str | None, kwargs_json: str | None, queue: st
 @database_option
 def status(database_url: str | None) -> None:
     """Jobs per queue and state."""
-    counts = App(database_url).queue_counts()
+    app = App(database_url)
+    counts = app.queue_counts()
     states = [s.value for s in JobState]
     table = Table("queue", *states, title="justonce jobs")
     by_queue: dict[str, dict[str, int]] = {}
@@ -202,10 +204,13 @@ def status(database_url: str | None) -> None:
         by_queue.setdefault(c.queue, {})[c.state.value] = c.count
     for queue, row in sorted(by_queue.items()):
         table.add_row(queue, *(str(row.get(s, 0)) for s in states))
+    paused = app.paused_queues()
     if not by_queue:
         out.print("no jobs")
-        return
-    out.print(table)
+    else:
+        out.print(table)
+    if paused:
+        out.print("paused: " + ", ".join(p.queue for p in paused) + " (justonce queues resume NAME)")
 
 
 @cli.group()
@@ -277,6 +282,69 @@ def jobs_cancel(job_id: int, database_url: str | None) -> None:
     """Cancel a scheduled, ready or running job."""
     job = App(database_url).cancel(job_id)
     out.print(f"job {job.id} {job.state}")
+
+
+@cli.group()
+def queues() -> None:
+    """See queues; pause and resume them."""
+
+
+def _cli_actor() -> str:
+    try:
+        user = os.getlogin()
+    except OSError:
+        user = os.environ.get("USER") or "?"
+    return f"cli {user}@{socket.gethostname()}"[:200]
+
+
+@queues.command("list")
+@database_option
+def queues_list(database_url: str | None) -> None:
+    """Jobs per queue and state, the wait of each queue's next ready job, and which queues
+    are paused."""
+    stats = App(database_url).queue_stats()
+    if not stats:
+        out.print("no queues")
+        return
+    states = [s.value for s in JobState]
+    table = Table("queue", "paused", *states, "waited", title="justonce queues",
+                  caption="waited: how long the queue's next ready job has waited")
+    for q in stats:
+        wait = "" if q.oldest_ready_age is None else f"{q.oldest_ready_age:.1f}s"
+        table.add_row(q.queue, "" if q.paused is None else "paused",
+                      *(str(q.counts.get(s, 0)) for s in states), wait)
+    out.print(table)
+    for q in stats:
+        if q.paused is not None:
+            p = q.paused
+            out.print(f"{p.queue}: paused since {p.paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+                      + (f" by {p.actor}" if p.actor else "") + (f": {p.note}" if p.note else ""),
+                      markup=False, highlight=False)
+    if any(q.estimated for q in stats):
+        out.print("(counts estimated from a sample: the jobs table is large)")
+
+
+@queues.command("pause")
+@click.argument("queue")
+@click.option("--note", default=None, help="Why: kept with the pause and shown where it is listed.")
+@database_option
+def queues_pause(queue: str, note: str | None, database_url: str | None) -> None:
+    """Stop every worker from claiming QUEUE's jobs until it is resumed. Jobs already
+    running finish; enqueueing goes on (the jobs wait). Pausing a paused queue changes
+    nothing."""
+    pause = App(database_url).pause_queue(queue, note=note, actor=_cli_actor())
+    out.print(f"queue {pause.queue} paused (since {pause.paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC)")
+
+
+@queues.command("resume")
+@click.argument("queue")
+@database_option
+def queues_resume(queue: str, database_url: str | None) -> None:
+    """Let workers claim QUEUE's jobs again."""
+    if App(database_url).resume_queue(queue):
+        out.print(f"queue {queue} resumed")
+    else:
+        out.print(f"queue {queue} was not paused")
 
 
 @cli.group()

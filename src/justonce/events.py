@@ -81,6 +81,10 @@ class Event(StrEnum):
                             "A failure could not be written; the lease will expire and the job return.")
     JOB_CANCELLED = ("job.cancelled", INFO, "justonce",
                      "A job was cancelled through the API.")
+    QUEUE_PAUSED = ("queue.paused", INFO, "justonce",
+                    "A queue was paused: workers claim none of its jobs until it is resumed.")
+    QUEUE_RESUMED = ("queue.resumed", INFO, "justonce",
+                     "A paused queue was resumed: its ready jobs are claimed again.")
     # -- the worker process -------------------------------------------------------------
     WORKER_STARTED = ("worker.started", INFO, "justonce.worker", "A worker started its threads.")
     WORKER_STOPPED = ("worker.stopped", INFO, "justonce.worker",

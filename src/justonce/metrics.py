@@ -306,6 +306,9 @@ class DatabaseCollector(Collector):
         oldest = GaugeMetricFamily("justonce_queue_oldest_ready_age_seconds",
                                    "Age of the longest-waiting ready job at the queue's head.",
                                    labels=["queue"])
+        paused = GaugeMetricFamily("justonce_queue_paused",
+                                   "1 while the queue is paused (no worker claims its jobs), else 0.",
+                                   labels=["queue"])
         running = GaugeMetricFamily("justonce_jobs_running", "Running jobs, all queues.")
         dead = GaugeMetricFamily("justonce_jobs_dead", "Dead jobs, all queues.")
         batches = GaugeMetricFamily("justonce_batches_open", "Batches open or sealed, not finished.")
@@ -317,11 +320,13 @@ class DatabaseCollector(Collector):
                 for state in JobState:
                     depth.add_metric([queue, state.value], by_queue[queue].get(state.value, 0))
                 oldest.add_metric([queue], snap.oldest_ready.get(queue, 0.0))
+            for st in stats:
+                paused.add_metric([st.queue], 0 if st.paused is None else 1)
             running.add_metric([], sum(c.get(JobState.RUNNING.value, 0) for c in by_queue.values()))
             dead.add_metric([], sum(c.get(JobState.DEAD.value, 0) for c in by_queue.values()))
             batches.add_metric([], snap.batches_open)
             up.add_metric([], 1)
-        return [depth, oldest, running, dead, batches, up]
+        return [depth, oldest, paused, running, dead, batches, up]
 
 
 _service_registries: weakref.WeakKeyDictionary[App, CollectorRegistry] = weakref.WeakKeyDictionary()

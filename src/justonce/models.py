@@ -315,6 +315,20 @@ class QueueStats:
     counts: dict[str, int]
     oldest_ready_age: float | None
     estimated: bool = False
+    paused: QueuePause | None = None
+    """The queue's pause, while it is paused (its ready jobs wait: no worker claims them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePause:
+    """A paused queue: no claim that starts after the pause committed takes a job of it
+    (jobs already claimed finish). Jobs are still enqueued into it; they wait."""
+
+    queue: str
+    paused_at: datetime
+    actor: str | None = None
+    """Who paused it (the service's token name, ``cli``, or what the caller passed)."""
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

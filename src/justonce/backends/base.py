@@ -33,6 +33,7 @@ from ..models import (
     MetricsSnapshot,
     NewJob,
     QueueCount,
+    QueuePause,
     QueueStats,
     SealResult,
     SlotFence,
@@ -318,7 +319,18 @@ class Backend(Protocol):
     def queue_stats(self, exact_below: int) -> list[QueueStats]:
         """Counts per queue and state, and each queue's next ready job's wait. Exact while
         the jobs table has fewer than ``exact_below`` rows; above, a backend may sample
-        (``estimated=True``) instead of counting every row."""
+        (``estimated=True``) instead of counting every row. Paused queues are listed
+        (with their pause) whether they hold jobs or not."""
+
+    def queue_pause(self, queue: str, actor: str | None, note: str | None) -> QueuePause:
+        """Pause ``queue`` (a no-op when it is paused: the first pause stays); the pause in
+        force. Every claim that starts after this commits skips the queue."""
+
+    def queue_resume(self, queue: str) -> bool:
+        """Resume ``queue``; False when it was not paused. Wakes workers that listen."""
+
+    def queue_pauses(self) -> list[QueuePause]:
+        """The paused queues, by name."""
 
     def token_create(self, name: str, scope: str, secret_hash: str, prefix: str) -> TokenInfo:
         """Store a new token (its hash only). Atomic."""

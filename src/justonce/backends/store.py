@@ -33,6 +33,7 @@ from ..models import (
     MetricsSnapshot,
     NewJob,
     QueueCount,
+    QueuePause,
     QueueStats,
     SealResult,
     SlotInfo,
@@ -203,9 +204,35 @@ class Store:
         counts: dict[str, dict[str, int]] = {}
         for queue, state, n in rows:
             counts.setdefault(queue, {})[state] = int(n)
+        pauses = {p.queue: p for p in self.queue_pauses()}
+        for queue in pauses:  # (a paused queue is listed, jobs or not: it can be resumed)
+            counts.setdefault(queue, {})
         heads = {q: w for q, w in self.d.read("queue_heads", {"queues": sorted(counts)})}
         return [QueueStats(q, c, None if heads.get(q) is None else max(0.0, float(heads[q])),
-                           estimated) for q, c in sorted(counts.items())]
+                           estimated, pauses.get(q)) for q, c in sorted(counts.items())]
+
+    # -- paused queues (the claim statements read justonce_queue_pauses) ------------------------
+    def _pause(self, r: Any) -> QueuePause:
+        return QueuePause(r[0], self.d.time(r[1]), r[2], r[3])  # type: ignore[arg-type]
+
+    def queue_pause(self, queue: str, actor: str | None, note: str | None) -> QueuePause:
+        def run(c: Any) -> list[Any]:
+            for _ in range(KEY_ROUNDS):
+                self.d.rows(c, "queue_pause", {"queue": queue, "actor": actor, "note": note})
+                rows = self.d.rows(c, "queue_pause_get", {"queue": queue})
+                if rows:
+                    return rows
+                # The pause we found in place was resumed before we read it: pause again.
+            raise DatabaseUnavailable(f"could not pause queue {queue!r}")  # pragma: no cover
+
+        return self._pause(self.d.tx(None, run)[0])
+
+    def queue_resume(self, queue: str) -> bool:
+        params = {"queue": queue, "channel": self.d.channel}
+        return bool(self.d.tx(None, lambda c: self.d.rows(c, "queue_resume", params)))
+
+    def queue_pauses(self) -> list[QueuePause]:
+        return [self._pause(r) for r in self.d.read("queue_pauses", {})]
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         rows = self.d.read("metrics_snapshot", {})

@@ -1,4 +1,4 @@
-"""``/api/v1/jobs`` and ``/api/v1/queues``: thin routes over the App."""
+"""``/api/v1/jobs`` and ``/api/v1/queues`` (with pause and resume): thin routes over the App."""
 
 from __future__ import annotations
 
@@ -131,3 +131,21 @@ def queues(request: Request, who: Reader) -> S.QueuesOut:
     """Jobs per queue and state, and how long each queue's next ready job has waited.
     Past 100,000 jobs Postgres counts a sample (``estimated: true``)."""
     return S.QueuesOut(queues=[S.QueueOut.model_validate(q) for q in _app(request).queue_stats()])
+
+
+@router.post("/queues/{queue}/pause", response_model=S.QueuePauseOut, tags=["queues"])
+def pause_queue(queue: str, request: Request, who: Admin, body: S.PauseIn | None = None) -> S.QueuePauseOut:
+    """Pause a queue: no worker claims its jobs (on any machine) until it is resumed; jobs
+    already running finish, and jobs can still be enqueued (they wait). Pausing a paused
+    queue changes nothing: the answer is the pause in force."""
+    pause = _app(request).pause_queue(queue, note=body.note if body else None, actor=who.name)
+    audit(request, who, "queue.pause", f"queue:{queue}", None)
+    return S.QueuePauseOut.model_validate(pause)
+
+
+@router.post("/queues/{queue}/resume", response_model=S.ResumeOut, tags=["queues"])
+def resume_queue(queue: str, request: Request, who: Admin) -> S.ResumeOut:
+    """Resume a paused queue (``resumed: false`` when it was not paused)."""
+    resumed = _app(request).resume_queue(queue)
+    audit(request, who, "queue.resume", f"queue:{queue}", None, resumed=resumed)
+    return S.ResumeOut(queue=queue, resumed=resumed)

@@ -54,6 +54,8 @@ MESSAGES = {
     "retried": "Job {id} is ready again.", "cancelled": "Job {id} was cancelled.",
     "applied_cancel": "Cancelled {n} jobs.", "applied_retry": "Retried {n} jobs.",
     "resolved": "Effect resolved.", "kicked": "Kicked {n} buried positions: they are ready again.",
+    "queue_paused": "The queue is paused: no worker claims its jobs until it is resumed.",
+    "queue_resumed": "The queue is resumed: its ready jobs are claimed again.",
 }
 ERRORS = {
     "count_changed": "The number of matching jobs changed since the preview: nothing was "
@@ -418,6 +420,24 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
 
     r.post("/jobs/{job_id}/retry")(job_action("retry", app.retry))
     r.post("/jobs/{job_id}/cancel")(job_action("cancel", app.cancel))
+
+    @r.post("/queues/{queue}/{verb}")
+    async def queue_action(queue: str, verb: str, request: Request) -> Response:
+        """Pause or resume a queue (the overview's Queues panel)."""
+        viewer, form = await admin_form(request)
+        if verb not in ("pause", "resume"):
+            raise HTTPException(404, "a queue can be paused or resumed")
+
+        def run() -> Response:
+            if verb == "pause":
+                app.pause_queue(queue, actor=viewer.name)
+            else:
+                app.resume_queue(queue)
+            snapshots.expire()
+            audit(request, viewer, f"queue.{verb}", f"queue:{queue}", None, via="dashboard")
+            return RedirectResponse(_with("/", ok=f"queue_{verb}d"), 303)
+
+        return await run_in_threadpool(_guard(run, "/"))
 
     def batches_ctx() -> dict[str, Any]:
         snap = snapshots.get()

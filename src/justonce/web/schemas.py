@@ -121,11 +121,29 @@ class ApplyOut(BaseModel):
 
 
 # -- queues ---------------------------------------------------------------------------
+class QueuePauseOut(Out):
+    queue: str
+    paused_at: datetime
+    actor: str | None = Field(description="Who paused it: the token's name, or the CLI's user@host.")
+    note: str | None = None
+
+
 class QueueOut(Out):
     queue: str
     counts: dict[str, int]
     oldest_ready_age: float | None = Field(description="Seconds the next ready job has waited.")
     estimated: bool = Field(description="Counts from a sample of a big table, not a full count.")
+    paused: QueuePauseOut | None = Field(
+        description="The queue's pause while it is paused (no worker claims its jobs), else null.")
+
+
+class PauseIn(Request):
+    note: str | None = Field(None, max_length=4000, description="Why: kept with the pause.")
+
+
+class ResumeOut(BaseModel):
+    queue: str
+    resumed: bool = Field(description="False when the queue was not paused.")
 
 
 class QueuesOut(BaseModel):

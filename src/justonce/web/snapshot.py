@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..backends.dashstore import Count, JobLine
-from ..models import BatchInfo, EffectInfo, SlotInfo
+from ..models import BatchInfo, EffectInfo, QueuePause, SlotInfo
 
 if TYPE_CHECKING:
     from ..app import App
@@ -33,6 +33,7 @@ after it is counted when it becomes visible."""
 class QueueRow:
     queue: str
     counts: dict[str, Count]
+    paused: QueuePause | None = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class Snapshot:
         return {
             "now": self.now, "cost_ms": round(self.cost_ms, 2), "refreshes": self.refreshes,
             "totals": {s: _count(c) for s, c in self.totals.items()},
-            "queues": [{"queue": q.queue, "counts": {s: _count(c) for s, c in q.counts.items()}}
+            "queues": [{"queue": q.queue, "counts": {s: _count(c) for s, c in q.counts.items()},
+                        "paused_at": None if q.paused is None else q.paused.paused_at.timestamp()}
                        for q in self.queues],
             "throughput": {"start": self.series_start, "succeeded": self.succeeded,
                            "failed": self.failed},
@@ -141,6 +143,10 @@ class Snapshots:
         self._due = 0.0
         self.refreshes = 0
 
+    def expire(self) -> None:
+        """Refresh at the next ``get`` (after an action that changed what is shown)."""
+        self._due = 0.0
+
     def get(self) -> Snapshot:
         """The current snapshot; refreshes it first when it is due, unless another thread
         is refreshing right now (then the previous one is returned at once)."""
@@ -168,6 +174,7 @@ class Snapshots:
         batches = b.batch_list(None, 20)
         slots = b.lease_list(None)
         in_doubt = b.effects_in_doubt(None, self.list_limit)
+        pauses = {p.queue: p for p in b.queue_pauses()}
         cost = time.monotonic() - started
         self.refreshes += 1
         self._due = time.monotonic() + max(self.interval, 10 * cost)
@@ -178,9 +185,12 @@ class Snapshots:
             t = totals.get(s)
             kind = c.kind if t is None or t.kind == "exact" else t.kind
             totals[s] = Count((t.n if t else 0) + c.n, kind)
+        for q in pauses:  # (a paused queue is shown, jobs or not: it can be resumed)
+            by_queue.setdefault(q, {})
         start, ok, failed = self._series.arrays(now)
         return Snapshot(
-            now=now, queues=[QueueRow(q, cs) for q, cs in by_queue.items()], totals=totals,
+            now=now, queues=[QueueRow(q, cs, pauses.get(q)) for q, cs in sorted(by_queue.items())],
+            totals=totals,
             series_start=start, succeeded=ok, failed=failed, running=running, dead=dead,
             batches=batches, slots=slots, in_doubt=in_doubt, cost_ms=cost * 1000,
             refreshes=self.refreshes,

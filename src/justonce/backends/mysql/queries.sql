@@ -145,6 +145,7 @@ SELECT id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_tok
 -- (partition_hash IS NULL is an equality in it), so the scan stops at the LIMIT.
 SELECT id FROM justonce_jobs FORCE INDEX (justonce_jobs_claim)
  WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
+   AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = %(queue)s)
  ORDER BY priority, id
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED;
@@ -175,6 +176,7 @@ SELECT l.slot
   LOCK IN SHARE MODE;
 SELECT c.id FROM justonce_jobs c FORCE INDEX (justonce_jobs_claim_partitioned)
  WHERE c.partition_state = 'ready' AND c.queue = %(queue)s
+   AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = %(queue)s)
    AND MOD(MOD(c.partition_hash, %(n)s) + %(n)s, %(n)s) IN %(picked)s
    AND NOT EXISTS (SELECT 1 FROM justonce_jobs e
                     WHERE e.partition_key = c.partition_key
@@ -191,6 +193,7 @@ SELECT c.id FROM justonce_jobs c FORCE INDEX (justonce_jobs_claim_partitioned)
 -- name: job_any_ready
 SELECT 1 FROM justonce_jobs
  WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
+   AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = %(queue)s)
  LIMIT 1;
 
 -- name: fenced_running
@@ -340,6 +343,24 @@ DELETE FROM justonce_jobs WHERE id IN %(picked)s;
 
 -- name: queue_counts
 SELECT queue, state, COUNT(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state;
+
+-- name: queue_pause
+-- Pause %(queue)s: a no-op when it is paused already (the first pause's time, actor and
+-- note stay). queue_pause_get then reads the pause in force, in the same transaction.
+INSERT INTO justonce_queue_pauses (queue, actor, note) VALUES (%(queue)s, %(actor)s, %(note)s)
+    ON DUPLICATE KEY UPDATE queue = queue;
+SELECT %(queue)s AS queue;
+
+-- name: queue_pause_get
+SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = %(queue)s;
+
+-- name: queue_resume
+-- Resume %(queue)s (no row: it was not paused). Idle workers see it at their next poll.
+SELECT queue FROM justonce_queue_pauses WHERE queue = %(queue)s FOR UPDATE;
+DELETE FROM justonce_queue_pauses WHERE queue IN %(picked)s;
+
+-- name: queue_pauses
+SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue;
 
 -- name: maintenance_try
 -- The upsert takes the duty's row lock, so callers take turns. next_run_at holds when the
@@ -1082,9 +1103,11 @@ SELECT h.q, TIMESTAMPDIFF(MICROSECOND, LEAST(COALESCE(h.a, h.b), COALESCE(h.b, h
 
 -- name: jobs_ready_in
 -- dialect-only: MySQLWaiter's poll (no LISTEN/NOTIFY): is a job of %(queues)s ready? One
--- probe of the claim index per queue.
+-- probe of the claim index per queue; a paused queue's ready jobs do not count (its
+-- workers would otherwise claim in vain at every poll).
 SELECT 1 FROM JSON_TABLE(%(queues)s, '$[*]' COLUMNS (q VARCHAR(63) PATH '$')) AS w
  WHERE EXISTS (SELECT 1 FROM justonce_jobs j WHERE j.state = 'ready' AND j.queue = w.q)
+   AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = w.q)
  LIMIT 1;
 
 -- Lists (backends/liststore.py; see the PostgreSQL queries). A reservation row's columns:

@@ -127,6 +127,7 @@ RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max
  WHERE j.id = ANY(ARRAY(
            SELECT id FROM justonce_jobs
             WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
+              AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = %(queue)s)
             ORDER BY priority, id
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED))
@@ -148,6 +149,7 @@ RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max
  WHERE j.id = ANY(ARRAY(
            SELECT c.id FROM justonce_jobs c
             WHERE c.state = 'ready' AND c.queue = %(queue)s AND c.partition_hash IS NOT NULL
+              AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = %(queue)s)
               AND mod(mod(c.partition_hash, %(n)s) + %(n)s, %(n)s) = ANY(ARRAY(
                     SELECT l.slot FROM justonce_partition_leases l
                       JOIN unnest(%(slots)s::int[], %(tokens)s::bigint[]) AS m(slot, token)
@@ -168,6 +170,7 @@ RETURNING j.id, j.queue, j.task, j.args::text, j.kwargs::text, j.attempts, j.max
 -- (Dialect.claim_precheck: not used on PostgreSQL, whose empty claim costs one statement.)
 SELECT 1 FROM justonce_jobs
  WHERE state = 'ready' AND queue = %(queue)s AND partition_hash IS NULL
+   AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = %(queue)s)
  LIMIT 1
 
 -- name: job_complete_many
@@ -322,6 +325,24 @@ RETURNING j.id
 
 -- name: queue_counts
 SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state
+
+-- name: queue_pause
+-- Pause %(queue)s: a no-op when it is paused already (the first pause's time, actor and
+-- note stay). queue_pause_get then reads the pause in force, in the same transaction.
+INSERT INTO justonce_queue_pauses (queue, actor, note) VALUES (%(queue)s, %(actor)s, %(note)s)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue
+
+-- name: queue_pause_get
+SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = %(queue)s
+
+-- name: queue_resume
+-- Resume %(queue)s (no row: it was not paused), and wake the workers that listen for it.
+WITH gone AS (DELETE FROM justonce_queue_pauses WHERE queue = %(queue)s RETURNING queue)
+SELECT queue, pg_notify(%(channel)s, queue) FROM gone
+
+-- name: queue_pauses
+SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue
 
 -- name: maintenance_try
 -- next_run_at holds when the last round began (its name is older than this meaning): a

@@ -56,6 +56,7 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
 {{claim_lease}}
  WHERE id IN (SELECT id FROM justonce_jobs
                WHERE state = 'ready' AND queue = :queue AND partition_hash IS NULL
+                 AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = :queue)
                ORDER BY priority, id
                LIMIT :limit)
 {{claim_returning}}
@@ -67,6 +68,7 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
 {{claim_lease}}
  WHERE id IN (SELECT c.id FROM justonce_jobs c
                WHERE c.state = 'ready' AND c.queue = :queue AND c.partition_hash IS NOT NULL
+                 AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = :queue)
                  AND (((c.partition_hash % :n) + :n) % :n) IN (
                        SELECT l.slot FROM justonce_partition_leases l
                          JOIN json_each(:slots) AS m ON l.slot = m.value
@@ -83,6 +85,7 @@ RETURNING id, queue, task, args, kwargs, attempts, max_attempts, timeout, lease_
 -- name: job_any_ready
 -- The read before a claim where an empty claim costs a write lock (Dialect.claim_precheck).
 SELECT 1 FROM justonce_jobs WHERE state = 'ready' AND queue = :queue AND partition_hash IS NULL
+   AND NOT EXISTS (SELECT 1 FROM justonce_queue_pauses p WHERE p.queue = :queue)
  LIMIT 1
 
 -- name: job_complete_many
@@ -185,6 +188,23 @@ RETURNING id
 
 -- name: queue_counts
 SELECT queue, state, count(*) FROM justonce_jobs GROUP BY queue, state ORDER BY queue, state
+
+-- name: queue_pause
+-- Pause :queue: a no-op when it is paused already (the first pause's time, actor and note
+-- stay). queue_pause_get then reads the pause in force, in the same transaction.
+INSERT INTO justonce_queue_pauses (queue, paused_at, actor, note) VALUES (:queue, NOW(), :actor, :note)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue
+
+-- name: queue_pause_get
+SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = :queue
+
+-- name: queue_resume
+-- Resume :queue (no row: it was not paused). Idle workers see the commit (data_version).
+DELETE FROM justonce_queue_pauses WHERE queue = :queue RETURNING queue
+
+-- name: queue_pauses
+SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue
 
 -- name: maintenance_try
 -- next_run_at holds when the last round began: see the PostgreSQL file.

@@ -1,0 +1,161 @@
+"""Paused queues, on every backend: no claim that starts after a pause has committed takes a
+job of the queue (plain and partitioned claims, the completion that claims the next job, the
+idle workers' polls); real worker processes stop taking its jobs, finish the ones they hold,
+and take the rest exactly once after the resume; bad input is refused and changes nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from fleet import fleet_on, ledger, proc_app_on, wait_for
+from justonce import App, Enqueue, InvalidName, InvalidOption, JobState
+from justonce.models import Completion, SlotFence
+
+OWNER = "test-owner"
+
+
+def test_a_pause_is_kept_once_listed_and_resumed(app: App) -> None:
+    assert app.paused_queues() == []
+    pause = app.pause_queue("mail", note="smtp down", actor="ops")
+    assert (pause.queue, pause.note, pause.actor) == ("mail", "smtp down", "ops")
+    assert pause.paused_at.tzinfo is not None
+    # Pausing again changes nothing: the first pause, its time and note, stays.
+    assert app.pause_queue("mail", note="another reason") == pause
+    assert app.paused_queues() == [pause]
+    # A paused queue is listed (to be resumed) though it holds no job.
+    stats = {s.queue: s for s in app.queue_stats()}
+    assert stats["mail"].paused == pause and stats["mail"].counts == {}
+    assert app.resume_queue("mail") is True
+    assert app.resume_queue("mail") is False  # (it was not paused)
+    assert app.paused_queues() == []
+    assert "mail" not in {s.queue for s in app.queue_stats()}
+    app.pause_queue("b")
+    app.pause_queue("a")
+    assert [p.queue for p in app.paused_queues()] == ["a", "b"]
+
+
+def test_bad_input_is_refused_and_changes_nothing(app: App) -> None:
+    app.pause_queue("kept", note="n")
+    before = app.paused_queues()
+    for bad in ("", "bad name", "q" * 64, None, 7, "-q", "q\x00", ["q"], "ü"):
+        with pytest.raises(InvalidName):
+            app.pause_queue(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidName):
+            app.resume_queue(bad)  # type: ignore[arg-type]
+    for note in ("a\x00b", "n" * 4001, 7, b"x"):
+        with pytest.raises(InvalidOption):
+            app.pause_queue("other", note=note)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption):
+        app.pause_queue("other", actor="a" * 201)
+    assert app.paused_queues() == before
+
+
+def test_claims_skip_a_paused_queue_and_no_other(app: App) -> None:
+    @app.task(name="t")
+    def t() -> None:
+        return None
+
+    mail = [t.configure(queue="mail").enqueue().id for _ in range(3)]
+    other = t.configure(queue="other").enqueue().id
+    keyed = t.configure(queue="mail", partition_key="k").enqueue().id
+    b = app.backend
+    lease = app.partitions.acquire("p", 1, lease=30, timeout=0)
+    fence = SlotFence("p", 1, ((lease.slot, lease.token),))
+    app.pause_queue("mail")
+    t.configure(queue="mail").enqueue()  # enqueueing goes on: the job waits
+    assert b.job_claim("mail", 10, OWNER, 30) == []
+    assert b.job_claim("mail", 10, OWNER, 30, fence) == []
+    # Nor do idle workers' looks for work (SQLite's and MySQL's precheck, MySQL's poll)
+    # see its jobs: they would claim in vain at every look.
+    assert b.d.read("job_any_ready", {"queue": "mail"}) == []
+    if b.name == "mysql":
+        assert b.d.read("jobs_ready_in", {"queues": ["mail"]}) == []
+        assert b.d.read("jobs_ready_in", {"queues": ["mail", "other"]}) != []
+    (taken,) = b.job_claim("other", 10, OWNER, 30)
+    assert taken.id == other
+    # The completion that claims the next job in the same transaction skips it too.
+    accepted, claimed = b.job_complete_and_claim(
+        [Completion(other, taken.lease_token, None)], "mail", 10, OWNER, 30)
+    assert accepted == {other} and claimed == []
+    assert Counter(j.state for j in app.list_jobs(queue="mail", limit=100)) == {JobState.READY: 5}
+    assert app.resume_queue("mail")
+    assert sorted(j.id for j in b.job_claim("mail", 10, OWNER, 30)) == [*mail, mail[-1] + 3]
+    assert [j.id for j in b.job_claim("mail", 10, OWNER, 30, fence)] == [keyed]
+    lease.release()
+
+
+def test_no_claim_that_starts_after_the_pause_takes_a_job(app: App) -> None:
+    """Threads claim one job at a time as fast as they can while the queue is paused: a
+    claim that began after ``pause_queue`` returned gets nothing, on every backend."""
+    @app.task(name="t")
+    def t() -> None:
+        return None
+
+    t.enqueue_many([()] * 3000)
+    b = app.backend
+    paused_at: list[float] = []
+    late: list[tuple[float, list[int]]] = []
+    claims = Counter[str]()
+    stop = threading.Event()
+
+    def claimer() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            got = b.job_claim("default", 1, OWNER, 60)
+            claims["after" if paused_at and began > paused_at[0] else "before"] += 1
+            if got and paused_at and began > paused_at[0]:
+                late.append((began - paused_at[0], [j.id for j in got]))
+
+    threads = [threading.Thread(target=claimer) for _ in range(6)]
+    for th in threads:
+        th.start()
+    try:
+        wait_for(lambda: claims["before"] >= 30, 30, "claims before the pause")
+        app.pause_queue("default")
+        paused_at.append(time.monotonic())
+        wait_for(lambda: claims["after"] >= 200, 60, "claims after the pause")
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(30)
+    assert not late, f"claims begun after the pause took jobs: {late[:5]}"
+    ready = sum(c.count for c in app.queue_counts() if c.state == JobState.READY)
+    assert 0 < ready < 3000
+    app.resume_queue("default")
+    assert len(b.job_claim("default", 5000, OWNER, 60)) == ready
+
+
+@pytest.mark.slow
+def test_workers_stop_taking_a_paused_queues_jobs_and_take_them_once_resumed(
+        db_url: str, tmp_path: Path) -> None:
+    """Two real worker processes on a queue of short jobs: once paused (and the claims in
+    flight at that moment have ended) no job leaves the ready state, and jobs enqueued
+    meanwhile wait too; after the resume every job runs, exactly once."""
+    with proc_app_on(db_url) as app, fleet_on(db_url, tmp_path) as fleet:
+        fleet.start(concurrency=4)
+        fleet.start(concurrency=4)
+        app.enqueue_many([Enqueue("proc_app.record", args=[i]) for i in range(2000)])
+        wait_for(lambda: len(ledger(db_url)) >= 100, 60, "the first jobs to run")
+        app.pause_queue("default")
+        # Jobs claimed before the pause finish; then nothing leaves the ready state.
+        wait_for(lambda: _counts(app).get("running", 0) == 0, 30, "the claimed jobs to finish")
+        frozen = _counts(app)
+        assert 0 < frozen.get("ready", 0) < 2000, frozen
+        app.enqueue_many([Enqueue("proc_app.record", args=[i]) for i in range(2000, 2100)])
+        time.sleep(2.0)  # (several polls and heartbeats of both workers)
+        waiting = _counts(app)
+        assert waiting == {**frozen, "ready": frozen["ready"] + 100}, (frozen, waiting)
+        assert len(ledger(db_url)) == frozen["succeeded"]
+        assert app.resume_queue("default")
+        wait_for(lambda: _counts(app).get("succeeded", 0) == 2100, 120, "every job to run")
+        runs = Counter(n for n, _, _ in ledger(db_url))
+        assert sorted(runs) == list(range(2100)) and set(runs.values()) == {1}
+
+
+def _counts(app: App) -> dict[str, int]:
+    return {str(c.state): c.count for c in app.queue_counts() if c.count}
