@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -507,6 +508,38 @@ def test_unknown_ids_methods_and_path_tricks_are_problem_documents(server: Serve
         assert_problem(c.get("/api/v1/jobs/0"), 422, "RequestValidation")
         r = c.get("/static/../../../../etc/passwd")
         assert r.status_code == 404 and "root:" not in r.text
+    assert dump(lib, skip=TOUCHED) == before
+
+
+def test_a_malformed_id_in_a_path_never_names_another_job(server: Server, lib: App,
+                                                         world: dict[str, Any]) -> None:
+    """int() reads "1_5" as 15, " 01" as 1 and Arabic-Indic digits as digits: an id in a
+    path is taken only in plain digits, so none of these reaches the job they spell."""
+    before = dump(lib, skip=TOUCHED)
+    rid, bid = str(world["ready"]), str(world["batch"])
+
+    def forged(n: str) -> list[str]:
+        under = f"{n[0]}_{n[1:]}" if len(n) > 1 else f"0_{n}"
+        arabic = quote("".join(chr(0x660 + int(d)) for d in n))
+        return ["0" + n, "+" + n, "%20" + n, n + "%20", under, arabic, n + ".0", "%2B" + n]
+
+    with server.client(server.admin) as c:
+        for f in forged(rid):
+            assert_problem(c.post(f"/api/v1/jobs/{f}/cancel"), 422, "RequestValidation")
+            assert_problem(c.get(f"/api/v1/jobs/{f}"), 422, "RequestValidation")
+            refused(c.post(f"/jobs/{f}/cancel", data={}), 403, 404)  # (no CSRF: a bearer client)
+        for f in forged(bid):
+            assert_problem(c.post(f"/api/v1/batches/{f}/seal"), 422, "RequestValidation")
+            assert_problem(c.get(f"/api/v1/batches/{f}"), 422, "RequestValidation")
+        assert c.get(f"/api/v1/jobs/{rid}").json()["state"] == "ready"
+    browser, csrf = sign_in(server, server.admin)
+    with closing(browser):
+        for f in forged(rid):
+            refused(browser.post(f"/jobs/{f}/cancel", data={"csrf": csrf}), 404)
+            refused(browser.get(f"/jobs/{f}"), 404)
+        for f in forged(bid):
+            refused(browser.get(f"/batches/{f}"), 404)
+    assert lib.get_job(world["ready"]).state == "ready"
     assert dump(lib, skip=TOUCHED) == before
 
 

@@ -17,7 +17,7 @@ from .problems import ERRORS
 router = APIRouter(responses=ERRORS)
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
-JobId = Annotated[int, Path(ge=1, le=S.BIGINT)]
+JobId = Annotated[S.PathId, Path(ge=1, le=S.BIGINT)]
 
 
 def _app(request: Request) -> App:

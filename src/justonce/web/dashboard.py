@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -549,13 +550,10 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 
 def _int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise PageError(404, f"no such id: {shown(value)}") from None
-    if not 1 <= n < 2**63:
+    """An id from the URL, in plain digits only (see schemas.PathId: "1_5" is not 15)."""
+    if not re.fullmatch(r"[1-9][0-9]{0,18}", value or "") or int(value) >= 2**63:
         raise PageError(404, f"no such id: {shown(value)}")
-    return n
+    return int(value)
 
 
 def _digits(value: str | None) -> str:

@@ -5,10 +5,11 @@ validates the rest (names, ranges, sizes)."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from ..items import MAX_GROUP_ITEMS
 from ..types import BatchState, JobState
@@ -22,6 +23,23 @@ MAX_ACK_IDS = 100_000
 SInt = Annotated[int, Strict()]
 SFloat = Annotated[float, Strict()]
 SBool = Annotated[bool, Strict()]
+
+
+_PATH_ID = re.compile(r"[1-9][0-9]{0,18}\Z")
+
+
+def _path_id(value: Any) -> Any:
+    """An id in a URL path exactly as ids are written: ASCII digits, no sign, no leading
+    zero, no spaces or underscores (int() reads "1_5" as 15, " 01" as 1 and "١" as 1: a
+    malformed id must not name another job)."""
+    if isinstance(value, str) and not _PATH_ID.match(value):
+        raise ValueError("an id is a positive integer in plain digits (no sign, leading zero, "
+                         "space or underscore)")
+    return value
+
+
+PathId = Annotated[int, BeforeValidator(_path_id)]
+"""A job's or batch's id in a path (with ``Path(ge=1, le=BIGINT)`` in the route)."""
 
 
 class Request(BaseModel):
