@@ -244,6 +244,17 @@ def test_forged_malformed_and_foreign_tokens_are_refused_and_change_nothing(lapp
     assert lapp.lists.complete(res, positions=[1, 1, 2]).completed == 2
     again = lapp.lists.complete(res, positions=[1, 2, 3])
     assert (again.completed, again.already) == (1, (1, 2))
+    # The completion that finishes the reservation leaves its token holding nothing: a
+    # repeat (with or without a request id) is refused and changes nothing (README, Lists).
+    assert lapp.lists.complete(res).completed == 1
+    done = lapp.lists.progress("a")
+    with pytest.raises(StaleReservation, match="finished, or never existed"):
+        lapp.lists.complete(res)
+    kept = lapp.lists.reserve("a", 2, request_id="kept")
+    assert kept is not None and lapp.lists.complete(kept).completed == 2
+    with pytest.raises(StaleReservation, match="was finished"):
+        lapp.lists.complete(kept)
+    assert lapp.lists.progress("a").done == done.done + 2
 
 
 # -- run_next ----------------------------------------------------------------------------------------
