@@ -815,6 +815,19 @@ def test_forged_tokens_and_ids_past_64_bits_are_typed(capp: App) -> None:
     assert dump(capp) == before
 
 
+def test_a_leases_checked_fields_cannot_be_changed(capp: App) -> None:
+    """A lease's fields are checked once and go to SQL at every renewal, release and fence:
+    changed by hand, a token of 2**63 was a bare OverflowError and a negative lease an
+    expiry in the past. They are read-only."""
+    lease = capp.partitions.acquire("corpus-set", 2, lease=30, timeout=0)
+    for field, value in (("token", 2**63), ("lease", -5.0), ("slot", 7), ("set_name", "a b"),
+                         ("n", 0), ("owner", "x")):
+        with pytest.raises(AttributeError):
+            setattr(lease, field, value)
+    assert lease.renew() > datetime.now(UTC)
+    lease.release()
+
+
 def test_positions_past_64_bits_and_forged_reservations_are_typed(capp: App) -> None:
     """complete() with a position of 2**63 or more was psycopg's NumericValueOutOfRange on
     Postgres (a 500 over HTTP); a Reservation built by hand went to SQL unchecked."""

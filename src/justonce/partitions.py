@@ -164,13 +164,44 @@ class PartitionLease:
         set_name, token = validate.set_name(set_name), validate.int64(token, "token")
         lease = validate.bounded(lease, "lease", 0.1, 86400)
         self._partitions = partitions
-        self.set_name, self.n, self.slot, self.token = set_name, n, slot, token
-        self.owner, self.lease, self.expires_at = owner, lease, expires_at
+        # Read-only once checked (properties below): they go to SQL at every renewal,
+        # release and fence, so a lease changed by hand could write what no check saw.
+        self._set_name, self._n, self._slot, self._token = set_name, n, slot, token
+        self._owner, self._lease = owner, lease
+        self.expires_at = expires_at
         self.lost = False
         # By this process's clock, from before the acquire was sent (``started``).
         self._valid_until = (time.monotonic() if started is None else started) + lease
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def set_name(self) -> str:
+        return self._set_name
+
+    @property
+    def n(self) -> int:
+        """The set's number of slots."""
+        return self._n
+
+    @property
+    def slot(self) -> int:
+        """This lease's slot, in ``[0, n)``."""
+        return self._slot
+
+    @property
+    def token(self) -> int:
+        """The fencing token this holder took the slot with."""
+        return self._token
+
+    @property
+    def owner(self) -> str:
+        return self._owner
+
+    @property
+    def lease(self) -> float:
+        """Seconds each renewal extends the lease by."""
+        return self._lease
 
     @property
     def backend(self) -> Any:
