@@ -84,6 +84,8 @@ def test_migrate_enqueue_status_and_jobs_commands(db_url: str) -> None:
     (["worker", "--app", "json:dumps"], "not a justonce.App"),
     (["worker", "--app", "x:y", "--concurrency", "0"], "concurrency"),
     (["queues", "pause", "bad queue"], "bad queue name"),
+    (["jobs", "show", "1_5"], "not an id"), (["jobs", "cancel", " 01"], "not an id"),
+    (["jobs", "retry", "+1"], "not an id"), (["batches", "show", "0x1"], "not an id"),
     (["queues", "resume", "mail\n"], "InvalidName"),
     (["queues", "pause", "mail", "--note", "n" * 4001], "note must be"),
 ])
@@ -101,6 +103,8 @@ def test_queues_pause_list_and_resume(db_url: str) -> None:
     app.enqueue("t", queue="mail")
     out = run("queues", "pause", "mail", "--note", "smtp down", "--database-url", db_url).output
     assert "queue mail paused" in out
+    again = run("queues", "pause", "mail", "--database-url", db_url).output
+    assert "was paused already" in again and "nothing changed" in again
     [pause] = app.paused_queues()
     assert pause.note == "smtp down" and pause.actor is not None and pause.actor.startswith("cli ")
     assert app.backend.job_claim("mail", 5, "cli-test", 30) == []

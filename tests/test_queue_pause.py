@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,10 @@ def test_a_pause_is_kept_once_listed_and_resumed(app: App) -> None:
     assert app.paused_queues() == []
     pause = app.pause_queue("mail", note="smtp down", actor="ops")
     assert (pause.queue, pause.note, pause.actor) == ("mail", "smtp down", "ops")
-    assert pause.paused_at.tzinfo is not None
+    assert pause.paused_at.tzinfo is not None and not pause.already
     # Pausing again changes nothing: the first pause, its time and note, stays.
-    assert app.pause_queue("mail", note="another reason") == pause
+    again = app.pause_queue("mail", note="another reason")
+    assert again.already and replace(again, already=False) == pause
     assert app.paused_queues() == [pause]
     # A paused queue is listed (to be resumed) though it holds no job.
     stats = {s.queue: s for s in app.queue_stats()}
@@ -155,6 +157,33 @@ def test_workers_stop_taking_a_paused_queues_jobs_and_take_them_once_resumed(
         wait_for(lambda: _counts(app).get("succeeded", 0) == 2100, 120, "every job to run")
         runs = Counter(n for n, _, _ in ledger(db_url))
         assert sorted(runs) == list(range(2100)) and set(runs.values()) == {1}
+
+
+@pytest.mark.slow
+def test_jobs_a_worker_leased_before_the_pause_do_not_start_after_it(
+        db_url: str, tmp_path: Path) -> None:
+    """A worker that has leased more jobs than it runs at once (its guess of how many to
+    prefetch came from fast jobs; these take 0.2 s): once the queue is paused, it starts
+    none of the jobs it still holds, but gives them back unstarted, their attempts
+    refunded; after the resume each job starts once."""
+    with proc_app_on(db_url) as app, fleet_on(db_url, tmp_path) as fleet:
+        worker = fleet.start(concurrency=2)
+        app.enqueue_many([Enqueue("proc_app.noop") for _ in range(400)])
+        app.enqueue_many([Enqueue("proc_app.slow_record", args=[i, 0.2]) for i in range(1000, 1100)])
+        wait_for(lambda: ledger(db_url, "start"), 60, "a slow job to start")
+        app.pause_queue("default")
+        time.sleep(2.0)  # (the jobs running at the pause end; a claim in flight lands)
+        started = len(ledger(db_url, "start"))
+        time.sleep(3.0)
+        assert len(ledger(db_url, "start")) == started, "jobs started after the pause"
+        assert started < 100 and _counts(app).get("running", 0) == 0, _counts(app)
+        given_back = worker.events("worker.queue_paused")
+        assert given_back and all(e["queue"] == "default" for e in given_back)
+        assert all(j.attempts == 0 for j in app.list_jobs(state="ready", limit=1000))
+        app.resume_queue("default")
+        wait_for(lambda: _counts(app).get("succeeded", 0) == 500, 120, "every job to run")
+        starts = Counter(n for n, _, _ in ledger(db_url, "start"))
+        assert sorted(starts) == list(range(1000, 1100)) and set(starts.values()) == {1}
 
 
 def _counts(app: App) -> dict[str, int]:

@@ -224,8 +224,10 @@ def test_a_queue_paused_over_http_is_shown_skipped_and_resumed_and_audited(
     r = admin.post("/api/v1/queues/held/pause", json={"note": "mail server down"})
     assert r.status_code == 200, r.text
     pause = r.json()
-    assert (pause["queue"], pause["note"], pause["actor"]) == ("held", "mail server down", "test admin")
-    assert admin.post("/api/v1/queues/held/pause").json() == pause  # the first pause stays
+    assert (pause["queue"], pause["note"], pause["actor"], pause.pop("already")) == (
+        "held", "mail server down", "test admin", False)
+    again = admin.post("/api/v1/queues/held/pause").json()
+    assert again.pop("already") is True and again == pause  # the first pause stays
     queues = {q["queue"]: q for q in reader.get("/api/v1/queues").json()["queues"]}
     assert queues["held"]["paused"] == pause and queues["held"]["counts"]["ready"] == 1
     assert all(q["paused"] is None for name, q in queues.items() if name != "held")
@@ -236,6 +238,8 @@ def test_a_queue_paused_over_http_is_shown_skipped_and_resumed_and_audited(
     entries = admin.get("/api/v1/audit", params={"limit": 4}).json()["entries"]
     assert [e["action"] for e in entries] == ["queue.resume", "queue.resume", "queue.pause", "queue.pause"]
     assert {e["target"] for e in entries} == {"queue:held"}
+    assert [e["detail"] for e in entries] == [{"resumed": False}, {"resumed": True}, {"already": True},
+                                              {"already": False}]
 
 
 def test_preview_then_apply_to_all_matching_counts_and_audits(admin: httpx.Client, reader: httpx.Client,

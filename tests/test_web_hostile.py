@@ -447,6 +447,8 @@ def dash_forms(w: dict[str, Any]) -> list[tuple[str, dict[str, str] | bytes]]:
         ("/jobs/apply", {"action": "cancel", "max_id": "9" * 5000, "expected": "0"}),
         ("/jobs/apply", {"action": "drop", "max_id": "1", "expected": "0"}),
         ("/jobs/apply", {"action": "cancel", "max_id": "x", "expected": "0"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "1_0", "expected": "0"}),
+        ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": " 1"}),
         ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": "0", "queue": "\u0000"}),
         ("/jobs/apply", {"action": "cancel", "max_id": "1", "expected": "0", "state": "zz"}),
         ("/jobs/preview", {"action": "cancel", "queue": "\u0000"}),

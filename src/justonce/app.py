@@ -264,15 +264,17 @@ class App:
         claim that starts after this returns skips the queue, on every worker and machine;
         jobs already claimed (running, or taken by a worker a moment before) finish.
         Enqueueing goes on: the jobs wait, ready or scheduled. Pausing a paused queue
-        changes nothing (the first pause, its time and note, stays) and a queue need not
-        hold jobs to be paused. Returns the pause in force."""
+        changes nothing (the first pause, its time and note, stays; the answer has
+        ``already`` set) and a queue need not hold jobs to be paused. Returns the pause in
+        force."""
         queue = validate.queue_name(queue)
         if note is not None:
             note = validate.text(note, "note", 4000)
         if actor is not None:
             actor = validate.text(actor, "actor", 200)
         pause = self.backend.queue_pause(queue, actor, note)
-        emit(Event.QUEUE_PAUSED, "queue paused", queue=queue)
+        if not pause.already:
+            emit(Event.QUEUE_PAUSED, "queue paused", queue=queue)
         return pause
 
     def resume_queue(self, queue: str) -> bool:

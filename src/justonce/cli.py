@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -34,6 +35,27 @@ class Group(click.Group):
             return super().invoke(ctx)
         except JustonceError as exc:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+
+class PlainId(click.ParamType):
+    """A job's, batch's or token's id as ids are written: ASCII digits, no sign, no
+    leading zero, no underscore or space (click's IntRange reads "1_5" as 15 and " 014"
+    as 14: a malformed id must not name another job)."""
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            text = str(value)
+        else:
+            text = value if isinstance(value, str) else ""
+        if not re.fullmatch(r"[1-9][0-9]{0,18}", text) or int(text) >= 2**63:
+            self.fail(f"{shown(value)} is not an id (a positive integer in plain digits, below 2**63)",
+                      param, ctx)
+        return int(text)
+
+
+ID = PlainId()
 
 
 def database_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -259,7 +281,7 @@ def _print_job(job: Job) -> None:
 
 
 @jobs.command("show")
-@click.argument("job_id", type=click.IntRange(1, 2**63 - 1))
+@click.argument("job_id", type=ID)
 @database_option
 def jobs_show(job_id: int, database_url: str | None) -> None:
     """Everything about one job, with its history of failed attempts."""
@@ -267,7 +289,7 @@ def jobs_show(job_id: int, database_url: str | None) -> None:
 
 
 @jobs.command("retry")
-@click.argument("job_id", type=click.IntRange(1, 2**63 - 1))
+@click.argument("job_id", type=ID)
 @database_option
 def jobs_retry(job_id: int, database_url: str | None) -> None:
     """Make a dead or cancelled job ready again."""
@@ -276,7 +298,7 @@ def jobs_retry(job_id: int, database_url: str | None) -> None:
 
 
 @jobs.command("cancel")
-@click.argument("job_id", type=click.IntRange(1, 2**63 - 1))
+@click.argument("job_id", type=ID)
 @database_option
 def jobs_cancel(job_id: int, database_url: str | None) -> None:
     """Cancel a scheduled, ready or running job."""
@@ -333,7 +355,11 @@ def queues_pause(queue: str, note: str | None, database_url: str | None) -> None
     running finish; enqueueing goes on (the jobs wait). Pausing a paused queue changes
     nothing."""
     pause = App(database_url).pause_queue(queue, note=note, actor=_cli_actor())
-    out.print(f"queue {pause.queue} paused (since {pause.paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC)")
+    since = f"{pause.paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    if pause.already:
+        out.print(f"queue {pause.queue} was paused already (since {since}): nothing changed")
+    else:
+        out.print(f"queue {pause.queue} paused (since {since})")
 
 
 @queues.command("resume")
@@ -376,7 +402,7 @@ def batches_list(state: str | None, limit: int, database_url: str | None) -> Non
 
 
 @batches.command("show")
-@click.argument("batch_id", type=click.IntRange(1, 2**63 - 1))
+@click.argument("batch_id", type=ID)
 @click.option("--failures", "n_failures", default=20, show_default=True,
               type=click.IntRange(0, 100_000), help="How many failed items to list.")
 @database_option
@@ -402,7 +428,7 @@ def batches_show(batch_id: int, n_failures: int, database_url: str | None) -> No
 
 
 @batches.command("seal")
-@click.argument("batch_id", type=click.IntRange(1, 2**63 - 1))
+@click.argument("batch_id", type=ID)
 @database_option
 def batches_seal(batch_id: int, database_url: str | None) -> None:
     """Seal an open batch (no more items); completes it when nothing is pending."""

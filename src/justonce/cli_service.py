@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .cli import cli, database_option, load_app, out
+from .cli import ID, cli, database_option, load_app, out
 
 
 @cli.command()
@@ -90,7 +90,7 @@ def tokens_list(database_url: str | None) -> None:
 
 
 @tokens.command("revoke")
-@click.argument("token_id", type=click.IntRange(1, 2**63 - 1))
+@click.argument("token_id", type=ID)
 @database_option
 def tokens_revoke(token_id: int, database_url: str | None) -> None:
     """Revoke a token: it and the sessions signed in with it stop working at once."""

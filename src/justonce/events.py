@@ -87,6 +87,8 @@ class Event(StrEnum):
                      "A paused queue was resumed: its ready jobs are claimed again.")
     # -- the worker process -------------------------------------------------------------
     WORKER_STARTED = ("worker.started", INFO, "justonce.worker", "A worker started its threads.")
+    QUEUE_PAUSE_SEEN = ("worker.queue_paused", INFO, "justonce.worker",
+                        "A job the worker had leased, of a queue paused since, was given back unstarted.")
     WORKER_STOPPED = ("worker.stopped", INFO, "justonce.worker",
                       "A worker stopped, with its totals.")
     WORKER_KILL = ("worker.kill", WARNING, "justonce.worker",

@@ -329,6 +329,9 @@ class QueuePause:
     actor: str | None = None
     """Who paused it (the service's token name, ``cli``, or what the caller passed)."""
     note: str | None = None
+    already: bool = False
+    """In ``pause_queue``'s answer: the queue was paused before this call, which changed
+    nothing (the pause returned is the earlier one). False in listings."""
 
 
 @dataclass(frozen=True, slots=True)

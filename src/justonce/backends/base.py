@@ -323,11 +323,13 @@ class Backend(Protocol):
         (with their pause) whether they hold jobs or not."""
 
     def queue_pause(self, queue: str, actor: str | None, note: str | None) -> QueuePause:
-        """Pause ``queue`` (a no-op when it is paused: the first pause stays); the pause in
-        force. Every claim that starts after this commits skips the queue."""
+        """Pause ``queue`` (a no-op when it is paused: the first pause stays, and the answer
+        says ``already``); the pause in force. Atomic: every claim that starts after this
+        commits skips the queue."""
 
     def queue_resume(self, queue: str) -> bool:
-        """Resume ``queue``; False when it was not paused. Wakes workers that listen."""
+        """Resume ``queue``; False when it was not paused. Atomic. Wakes workers that
+        listen."""
 
     def queue_pauses(self) -> list[QueuePause]:
         """The paused queues, by name."""

@@ -1,9 +1,10 @@
 """The one Store: every Backend operation written once, over a dialect's primitives.
 
 A backend is a ``Store`` with its ``Dialect`` (postgres/, sqlite/, mysql/). The job
-operations are here; batches, partition leases, the effect ledger, the service's and the
-dashboard's operations are parts the Store is composed of (batchstore.py, leasestore.py,
-effectstore.py, servicestore.py, dashstore.py), each over the same dialect. A backend
+operations are here; batches, partition leases, paused queues, the effect ledger, the
+service's and the dashboard's operations are parts the Store is composed of (batchstore.py,
+leasestore.py, queuestore.py, effectstore.py, servicestore.py, dashstore.py), each over
+the same dialect. A backend
 subclass may replace an operation with a measured fast path of its dialect (and says so,
 with the figure).
 """
@@ -47,6 +48,7 @@ from .dialect import Dialect
 from .effectstore import EffectOps
 from .leasestore import LeaseOps
 from .liststore import ListOps
+from .queuestore import QueueOps
 from .servicestore import ServiceOps
 
 KEY_ROUNDS = 5
@@ -76,6 +78,7 @@ class Store:
         self.schema = d.schema
         self.batches = BatchOps(d, lambda c, jobs: self._insert_many(c, jobs)[0], self._insert_template)
         self.leases = LeaseOps(d)
+        self.queues = QueueOps(d)
         self.effects = EffectOps(d)
         self.service = ServiceOps(d, self.batches)
         self.dash = DashOps(d)
@@ -211,28 +214,15 @@ class Store:
         return [QueueStats(q, c, None if heads.get(q) is None else max(0.0, float(heads[q])),
                            estimated, pauses.get(q)) for q, c in sorted(counts.items())]
 
-    # -- paused queues (the claim statements read justonce_queue_pauses) ------------------------
-    def _pause(self, r: Any) -> QueuePause:
-        return QueuePause(r[0], self.d.time(r[1]), r[2], r[3])  # type: ignore[arg-type]
-
+    # -- paused queues (queuestore.py) ------------------------------------------------------
     def queue_pause(self, queue: str, actor: str | None, note: str | None) -> QueuePause:
-        def run(c: Any) -> list[Any]:
-            for _ in range(KEY_ROUNDS):
-                self.d.rows(c, "queue_pause", {"queue": queue, "actor": actor, "note": note})
-                rows = self.d.rows(c, "queue_pause_get", {"queue": queue})
-                if rows:
-                    return rows
-                # The pause we found in place was resumed before we read it: pause again.
-            raise DatabaseUnavailable(f"could not pause queue {queue!r}")  # pragma: no cover
-
-        return self._pause(self.d.tx(None, run)[0])
+        return self.queues.queue_pause(queue, actor, note)
 
     def queue_resume(self, queue: str) -> bool:
-        params = {"queue": queue, "channel": self.d.channel}
-        return bool(self.d.tx(None, lambda c: self.d.rows(c, "queue_resume", params)))
+        return self.queues.queue_resume(queue)
 
     def queue_pauses(self) -> list[QueuePause]:
-        return [self._pause(r) for r in self.d.read("queue_pauses", {})]
+        return self.queues.queue_pauses()
 
     def metrics_snapshot(self) -> MetricsSnapshot:
         rows = self.d.read("metrics_snapshot", {})

@@ -17,7 +17,9 @@ from .problems import ERRORS
 router = APIRouter(responses=ERRORS)
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
-JobId = Annotated[S.PathId, Path(ge=1, le=S.BIGINT)]
+JobId = Annotated[int, Path(ge=1, le=S.BIGINT), S.PATH_ID]
+QueueName = Annotated[str, Path(min_length=1, max_length=63, description=(
+    "The queue's name: 1-63 letters, digits, '_', '.', ':' or '-', starting with a letter or digit."))]
 
 
 def _app(request: Request) -> App:
@@ -133,18 +135,18 @@ def queues(request: Request, who: Reader) -> S.QueuesOut:
     return S.QueuesOut(queues=[S.QueueOut.model_validate(q) for q in _app(request).queue_stats()])
 
 
-@router.post("/queues/{queue}/pause", response_model=S.QueuePauseOut, tags=["queues"])
-def pause_queue(queue: str, request: Request, who: Admin, body: S.PauseIn | None = None) -> S.QueuePauseOut:
+@router.post("/queues/{queue}/pause", response_model=S.PauseOut, tags=["queues"])
+def pause_queue(queue: QueueName, request: Request, who: Admin, body: S.PauseIn | None = None) -> S.PauseOut:
     """Pause a queue: no worker claims its jobs (on any machine) until it is resumed; jobs
     already running finish, and jobs can still be enqueued (they wait). Pausing a paused
-    queue changes nothing: the answer is the pause in force."""
+    queue changes nothing: the answer is the pause in force, with ``already: true``."""
     pause = _app(request).pause_queue(queue, note=body.note if body else None, actor=who.name)
-    audit(request, who, "queue.pause", f"queue:{queue}", None)
-    return S.QueuePauseOut.model_validate(pause)
+    audit(request, who, "queue.pause", f"queue:{queue}", None, already=pause.already)
+    return S.PauseOut.model_validate(pause)
 
 
 @router.post("/queues/{queue}/resume", response_model=S.ResumeOut, tags=["queues"])
-def resume_queue(queue: str, request: Request, who: Admin) -> S.ResumeOut:
+def resume_queue(queue: QueueName, request: Request, who: Admin) -> S.ResumeOut:
     """Resume a paused queue (``resumed: false`` when it was not paused)."""
     resumed = _app(request).resume_queue(queue)
     audit(request, who, "queue.resume", f"queue:{queue}", None, resumed=resumed)

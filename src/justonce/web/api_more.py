@@ -16,7 +16,7 @@ from .problems import ERRORS, Problem
 router = APIRouter(responses=ERRORS)
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
-BatchId = Annotated[S.PathId, Path(ge=1, le=S.BIGINT)]
+BatchId = Annotated[int, Path(ge=1, le=S.BIGINT), S.PATH_ID]
 
 
 def _app(request: Request) -> App:

@@ -57,6 +57,8 @@ MESSAGES = {
     "resolved": "Effect resolved.", "kicked": "Kicked {n} buried positions: they are ready again.",
     "queue_paused": "The queue is paused: no worker claims its jobs until it is resumed.",
     "queue_resumed": "The queue is resumed: its ready jobs are claimed again.",
+    "queue_already_paused": "The queue was paused already: nothing changed.",
+    "queue_not_paused": "The queue was not paused: nothing changed.",
 }
 ERRORS = {
     "count_changed": "The number of matching jobs changed since the preview: nothing was "
@@ -369,10 +371,11 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         action = form.get("action", "")
 
         def run() -> Response:
-            try:
-                max_id, expected = int(form.get("max_id", "")), int(form.get("expected", ""))
-            except ValueError:
-                raise HTTPException(400, "max_id and expected must be integers") from None
+            values = [form.get("max_id", ""), form.get("expected", "")]
+            if not all(re.fullmatch(r"0|[1-9][0-9]{0,18}", v) for v in values):
+                # (plain digits: int() would read "1_5" as 15 and " 01" as 1)
+                raise HTTPException(400, "max_id and expected must be integers in plain digits")
+            max_id, expected = int(values[0]), int(values[1])
             if max_id == 0:
                 # The preview found no job: none that existed then can match (without a
                 # bound, jobs enqueued since would have been acted on). The action and the
@@ -431,12 +434,15 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
 
         def run() -> Response:
             if verb == "pause":
-                app.pause_queue(queue, actor=viewer.name)
+                changed = not app.pause_queue(queue, actor=viewer.name).already
+                detail = {"already": not changed}
             else:
-                app.resume_queue(queue)
+                changed = app.resume_queue(queue)
+                detail = {"resumed": changed}
             snapshots.expire()
-            audit(request, viewer, f"queue.{verb}", f"queue:{queue}", None, via="dashboard")
-            return RedirectResponse(_with("/", ok=f"queue_{verb}d"), 303)
+            audit(request, viewer, f"queue.{verb}", f"queue:{queue}", None, via="dashboard", **detail)
+            unchanged = "queue_already_paused" if verb == "pause" else "queue_not_paused"
+            return RedirectResponse(_with("/", ok=f"queue_{verb}d" if changed else unchanged), 303)
 
         return await run_in_threadpool(_guard(run, "/"))
 

@@ -38,8 +38,9 @@ def _path_id(value: Any) -> Any:
     return value
 
 
-PathId = Annotated[int, BeforeValidator(_path_id)]
-"""A job's or batch's id in a path (with ``Path(ge=1, le=BIGINT)`` in the route)."""
+PATH_ID = BeforeValidator(_path_id)
+"""For a job's or batch's id in a path: ``Annotated[int, Path(ge=1, le=BIGINT), PATH_ID]``
+(after ``Path``, so the OpenAPI document keeps its minimum and maximum)."""
 
 
 class Request(BaseModel):
@@ -153,6 +154,10 @@ class QueueOut(Out):
     estimated: bool = Field(description="Counts from a sample of a big table, not a full count.")
     paused: QueuePauseOut | None = Field(
         description="The queue's pause while it is paused (no worker claims its jobs), else null.")
+
+
+class PauseOut(QueuePauseOut):
+    already: bool = Field(description="The queue was paused before this call, which changed nothing.")
 
 
 class PauseIn(Request):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import signal
 import threading
 import time
@@ -42,6 +43,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("justonce.worker")
 
+PAUSE_RECHECK = 0.1
+"""A leased job that has waited longer than this (seconds) since its claim starts only
+after the worker has read the paused queues at most this long ago (see
+Worker._queue_open): a job claimed just before its queue was paused starts within this
+long of the pause, or not at all."""
+
 _FAILURE_EVENTS = {
     "failed": Event.JOB_FAILED, "timeout": Event.JOB_TIMEOUT, "interrupted": Event.JOB_INTERRUPTED,
     "unknown_task": Event.JOB_UNKNOWN_TASK, "bad_arguments": Event.JOB_BAD_ARGUMENTS,
@@ -61,6 +68,8 @@ class _Held:
     """Monotonic time after which the job's lease may have run out (and the job been
     re-offered): from before the claim or the last successful renewal was sent, plus the
     lease, minus the worker's margin. An unstarted job past it is never started."""
+    claimed: float = 0.0
+    """Monotonic time the claim was sent: its queue was not paused then."""
     started: float | None = None
     deadline: float | None = None
     slot: _Slot | None = None
@@ -192,6 +201,10 @@ class Worker:
         self._grace_override: float | None = None
         self._recheck = False
         """A pause was seen: renew the slots before the next claim."""
+        self._pauses_lock = threading.Lock()
+        self._paused: set[str] = set()
+        self._pauses_sent = -math.inf
+        """When the read of the paused queues in ``_paused`` was sent (monotonic)."""
         self._in_code: dict[int, list[_Held]] = {}
         """The runs whose code is in this process now, by job id (a lease may be lost)."""
         self._keys_in_code: dict[int, list[_Held]] = {}
@@ -398,7 +411,7 @@ class Worker:
                     late, jobs = jobs, []
                 valid_until = sent + self.lease - self.margin
                 for job in jobs:
-                    self._held[job.id] = _Held(job, valid_until)
+                    self._held[job.id] = _Held(job, valid_until, claimed=sent)
                     self._ready.append(job.id)
                 self.stats.claimed += len(jobs)
                 self._cond.notify_all()
@@ -501,14 +514,35 @@ class Worker:
         assert outcome.failure is not None
         self._record_failure(h.job, outcome.failure, outcome.kind, outcome.duration)
 
+    def _queue_open(self, h: _Held) -> bool:
+        """Whether a leased job's queue may still be open. Its claim found the queue not
+        paused; a job held longer than PAUSE_RECHECK since starts only if a read of the
+        paused queues sent within the last PAUSE_RECHECK (so after its claim) does not name
+        its queue. The read is made here when needed: only by a worker that holds jobs
+        that long (a wrong guess of how many to prefetch, slow jobs), at most once per
+        PAUSE_RECHECK. A read that fails cannot tell: the job starts, as its claim allowed."""
+        if time.monotonic() - h.claimed <= PAUSE_RECHECK:
+            return True
+        with self._pauses_lock:
+            if time.monotonic() - self._pauses_sent > PAUSE_RECHECK:
+                sent = time.monotonic()
+                try:
+                    self._paused = {p.queue for p in self.backend.queue_pauses()}
+                except Exception:  # noqa: BLE001 - the database is down: the claim stands
+                    return True
+                self._pauses_sent = sent
+            return h.job.queue not in self._paused
+
     def _still_startable(self, h: _Held) -> bool:
         """Decide again, at the last instant before the job's code runs, whether it may
         start. The slot chose it under the lock, but then may have waited: on a stale job's
         release (a write that waits for SQLite's lock), or for the whole of a pause (the
-        process was stopped there). Meanwhile the lease or the key's slot may have moved on.
-        A job that may no longer start is given back unstarted, its attempt refunded."""
+        process was stopped there). Meanwhile the lease or the key's slot may have moved on,
+        or its queue been paused (_queue_open). A job that may no longer start is given
+        back unstarted, its attempt refunded."""
+        paused = not self._queue_open(h)
         with self._lock:
-            if not h.lost and self._startable(h, time.monotonic()):
+            if not paused and not h.lost and self._startable(h, time.monotonic()):
                 return True
             give_back = not h.lost  # else its lease is gone already (renewal, shutdown)
             h.lost = True
@@ -519,7 +553,11 @@ class Worker:
             self._out_of_code(h)
             if self._stopping:
                 self._cond.notify_all()
-        if give_back:
+        if give_back and paused:
+            emit(Event.QUEUE_PAUSE_SEEN, "a leased job's queue was paused: given back unstarted",
+                 job_id=h.job.id, queue=h.job.queue)
+            self._release([h.job], refund=True)
+        elif give_back:
             self._drop_stale([h])
         return False
 
