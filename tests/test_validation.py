@@ -316,3 +316,15 @@ def test_a_name_with_a_trailing_newline_is_refused_everywhere(vapp: App) -> None
         with pytest.raises((InvalidName, InvalidOption)):
             call()
     assert_nothing_written(vapp)
+
+
+def test_plain_int_reads_only_numbers_as_they_are_written() -> None:
+    """Ids and counts from URLs, forms and the command line: int() would read each of the
+    refused ones as a number (and name another job)."""
+    from justonce.validate import plain_int
+
+    assert [plain_int(t) for t in ("1", "15", str(2**63 - 1))] == [1, 15, 2**63 - 1]
+    assert plain_int("0", zero=True) == 0 and plain_int("0") is None
+    for text in ("015", "+15", "-1", " 15", "15 ", "1_5", "\u0661\u0665", "1.0", "0x1", "", str(2**63),
+                 "9" * 30, "15\n", None, 15, b"15"):
+        assert plain_int(text) is None and plain_int(text, zero=True) is None, repr(text)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import re
 import socket
 import sys
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from .app import App
 from .errors import ConfigurationError, InvalidOption, JustonceError
 from .models import BatchInfo, Job
 from .types import BatchState, JobState
-from .validate import shown
+from .validate import plain_int, shown
 
 out = Console()
 
@@ -45,14 +44,11 @@ class PlainId(click.ParamType):
     name = "id"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            text = str(value)
-        else:
-            text = value if isinstance(value, str) else ""
-        if not re.fullmatch(r"[1-9][0-9]{0,18}", text) or int(text) >= 2**63:
+        n = plain_int(str(value) if isinstance(value, int) and not isinstance(value, bool) else value)
+        if n is None:
             self.fail(f"{shown(value)} is not an id (a positive integer in plain digits, below 2**63)",
                       param, ctx)
-        return int(text)
+        return n
 
 
 ID = PlainId()

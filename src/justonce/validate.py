@@ -58,6 +58,20 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+_DIGITS = re.compile(r"(?:0|[1-9][0-9]{0,18})\Z")
+
+
+def plain_int(text: Any, *, zero: bool = False) -> int | None:
+    """A count or id written in text (a URL, a form, a command line) as numbers are
+    written: ASCII digits without sign, leading zero, space or underscore, below 2**63
+    (``zero``: 0 too); else None. int() would read "1_5" as 15, " 01" and "١" as 1, so a
+    malformed id would name another job."""
+    if not isinstance(text, str) or not _DIGITS.match(text):
+        return None
+    n = int(text)
+    return n if n < 2**63 and (zero or n > 0) else None
+
+
 def queue_name(value: Any) -> str:
     return _name(value, QUEUE_NAME, "queue name")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +38,7 @@ from ..errors import (
     KeyConflict,
     ValidationError,
 )
-from ..validate import shown
+from ..validate import plain_int, shown
 from . import session
 from .auth import FormError, Principal, audit, audit_applied_before, parse_form
 from .problems import status_of
@@ -371,11 +370,10 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         action = form.get("action", "")
 
         def run() -> Response:
-            values = [form.get("max_id", ""), form.get("expected", "")]
-            if not all(re.fullmatch(r"0|[1-9][0-9]{0,18}", v) for v in values):
-                # (plain digits: int() would read "1_5" as 15 and " 01" as 1)
+            max_id = plain_int(form.get("max_id"), zero=True)
+            expected = plain_int(form.get("expected"), zero=True)
+            if max_id is None or expected is None:
                 raise HTTPException(400, "max_id and expected must be integers in plain digits")
-            max_id, expected = int(values[0]), int(values[1])
             if max_id == 0:
                 # The preview found no job: none that existed then can match (without a
                 # bound, jobs enqueued since would have been acted on). The action and the
@@ -556,10 +554,11 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 
 def _int(value: str) -> int:
-    """An id from the URL, in plain digits only (see schemas.PathId: "1_5" is not 15)."""
-    if not re.fullmatch(r"[1-9][0-9]{0,18}", value or "") or int(value) >= 2**63:
+    """An id from the URL, in plain digits only (validate.plain_int: "1_5" is not 15)."""
+    n = plain_int(value)
+    if n is None:
         raise PageError(404, f"no such id: {shown(value)}")
-    return int(value)
+    return n
 
 
 def _digits(value: str | None) -> str:

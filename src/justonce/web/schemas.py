@@ -5,7 +5,6 @@ validates the rest (names, ranges, sizes)."""
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -13,6 +12,7 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 
 from ..items import MAX_GROUP_ITEMS
 from ..types import BatchState, JobState
+from ..validate import plain_int
 
 BIGINT = 2**63 - 1
 MAX_BULK_JOBS = 10_000
@@ -25,14 +25,10 @@ SFloat = Annotated[float, Strict()]
 SBool = Annotated[bool, Strict()]
 
 
-_PATH_ID = re.compile(r"[1-9][0-9]{0,18}\Z")
-
-
 def _path_id(value: Any) -> Any:
-    """An id in a URL path exactly as ids are written: ASCII digits, no sign, no leading
-    zero, no spaces or underscores (int() reads "1_5" as 15, " 01" as 1 and "١" as 1: a
-    malformed id must not name another job)."""
-    if isinstance(value, str) and not _PATH_ID.match(value):
+    """An id in a URL path exactly as ids are written (validate.plain_int): "1_5", " 01",
+    "+1" and "١" are refused, not read as 15 or 1."""
+    if isinstance(value, str) and plain_int(value) is None:
         raise ValueError("an id is a positive integer in plain digits (no sign, leading zero, "
                          "space or underscore)")
     return value
