@@ -262,7 +262,8 @@ class App:
     def pause_queue(self, queue: str, *, note: str | None = None, actor: str | None = None) -> QueuePause:
         """Pause ``queue``: no worker claims a job of it until :meth:`resume_queue`. Every
         claim that starts after this returns skips the queue, on every worker and machine;
-        jobs already claimed (running, or taken by a worker a moment before) finish.
+        running jobs finish, and a job a worker leased ahead starts only within 0.1 s of
+        its claim, else it is given back unstarted (README, "Paused queues").
         Enqueueing goes on: the jobs wait, ready or scheduled. Pausing a paused queue
         changes nothing (the first pause, its time and note, stays; the answer has
         ``already`` set) and a queue need not hold jobs to be paused. Returns the pause in

@@ -520,7 +520,9 @@ class Worker:
         paused queues sent within the last PAUSE_RECHECK (so after its claim) does not name
         its queue. The read is made here when needed: only by a worker that holds jobs
         that long (a wrong guess of how many to prefetch, slow jobs), at most once per
-        PAUSE_RECHECK. A read that fails cannot tell: the job starts, as its claim allowed."""
+        PAUSE_RECHECK. A read that fails cannot tell: the last set read stands until the
+        next try (a job of a queue in it is given back, which is always safe; the others
+        start, as their claims allowed)."""
         if time.monotonic() - h.claimed <= PAUSE_RECHECK:
             return True
         with self._pauses_lock:
@@ -528,8 +530,8 @@ class Worker:
                 sent = time.monotonic()
                 try:
                     self._paused = {p.queue for p in self.backend.queue_pauses()}
-                except Exception:  # noqa: BLE001 - the database is down: the claim stands
-                    return True
+                except Exception:  # noqa: BLE001 - the database is down: try again later
+                    pass
                 self._pauses_sent = sent
             return h.job.queue not in self._paused
 
