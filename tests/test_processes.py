@@ -271,6 +271,28 @@ def test_jobs_leased_before_a_sigstop_past_the_lease_are_not_started_after_sigco
 # -- 4. SIGTERM: graceful shutdown ---------------------------------------------------------------
 
 
+def test_a_burst_of_signals_stops_a_worker_and_never_hangs_it(tmp_path: Path) -> None:
+    """Thousands of SIGTERMs within 20 ms (a process group signalled by a supervisor and
+    by its parent at once). The handler used to act on the main thread, and a signal that
+    came while that thread held a lock (inside Event.set) waited for the same lock: 5
+    workers in 6 hung for good. It only writes to a pipe now; a thread acts."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    with proc_app_on(url):
+        fleet = Fleet(url, tmp_path)
+        try:
+            for _ in range(6):
+                w = fleet.start(concurrency=2)
+                end = time.perf_counter() + 0.02
+                while time.perf_counter() < end and w.popen.poll() is None:
+                    try:
+                        os.kill(w.pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        break
+                assert w.wait(20) is not None, f"the worker hung on a burst of signals:\n{w.tail()}"
+        finally:
+            fleet.kill_all()
+
+
 def test_sigterm_mid_work_inflight_jobs_finish_in_grace_exit_0_prefetched_jobs_released(
     app: App, db_url: str, fleet: Fleet
 ) -> None:

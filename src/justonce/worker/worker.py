@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -228,7 +229,7 @@ class Worker:
     # -- public control ----------------------------------------------------------------
     def run(self) -> None:
         """Run until :meth:`stop` (or SIGTERM / SIGINT when called on the main thread)."""
-        handlers = self._install_signals()
+        handlers, pipe = self._install_signals()
         try:
             self._start_threads()
             emit(Event.WORKER_STARTED, "worker started", owner=self.owner, queues=self.queues,
@@ -238,6 +239,8 @@ class Worker:
         finally:
             for sig, old in handlers.items():
                 signal.signal(sig, old)
+            for fd in pipe:  # the pipe's write end: the relay thread reads its end and stops
+                os.close(fd)
             self._done.set()
 
     def start(self) -> Worker:
@@ -263,22 +266,46 @@ class Worker:
         return self._running
 
     # -- threads -----------------------------------------------------------------------
-    def _install_signals(self) -> dict[int, Any]:
+    def _install_signals(self) -> tuple[dict[int, Any], tuple[int, ...]]:
+        """SIGTERM / SIGINT: the first asks for a graceful stop, a second stops at once.
+        The handler only writes a byte to a pipe; a thread of ours reads it and acts. A
+        handler runs on the main thread between any two of its steps, maybe while that
+        thread holds a lock (an Event's, the worker's own): acting there, a second signal
+        close behind the first took that lock again and hung the process for good."""
         if threading.current_thread() is not threading.main_thread():
-            return {}
+            return {}, ()
+        r, w = os.pipe()
+        os.set_blocking(w, False)
         old: dict[int, Any] = {}
 
         def on_signal(signum: int, frame: Any) -> None:
+            try:
+                os.write(w, b"s")
+            except OSError:  # (full, or closed while stopping: enough signals are on their way)
+                pass
+
+        def relay() -> None:
+            try:
+                while got := os.read(r, 64):
+                    self._on_signals(len(got))
+            except OSError:
+                pass
+            finally:
+                os.close(r)  # (here, not by run(): no read of a number reused meanwhile)
+
+        threading.Thread(target=relay, name="justonce-signals", daemon=True).start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, on_signal)
+        return old, (w,)
+
+    def _on_signals(self, count: int) -> None:
+        for _ in range(count):
             if self._stop_requested.is_set():
                 emit(Event.WORKER_KILL, "second signal: stopping now")
                 self._grace_override = 0.0
                 with self._lock:
                     self._cond.notify_all()
             self.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, on_signal)
-        return old
 
     def _spawn(self, target: Any, name: str, *args: Any) -> threading.Thread:
         t = threading.Thread(target=target, args=args, name=name, daemon=True)
