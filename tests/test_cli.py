@@ -84,6 +84,7 @@ def test_migrate_enqueue_status_and_jobs_commands(db_url: str) -> None:
     (["worker", "--app", "json:dumps"], "not a justonce.App"),
     (["worker", "--app", "x:y", "--concurrency", "0"], "concurrency"),
     (["queues", "pause", "bad queue"], "bad queue name"),
+    (["demo", "jobs", "--workers", "1", "--kill-one"], "--workers 2 or more"),
     (["jobs", "show", "1_5"], "not an id"), (["jobs", "cancel", " 01"], "not an id"),
     (["jobs", "retry", "+1"], "not an id"), (["batches", "show", "0x1"], "not an id"),
     (["queues", "resume", "mail\n"], "InvalidName"),
@@ -239,3 +240,33 @@ def test_tokens_create_refuses_a_bad_scope_or_name_with_one_line(tmp_path: Path)
     assert bad_name.exit_code == 1 and "InvalidOption" in bad_name.output
     missing = run("tokens", "revoke", "42", "--database-url", url, ok=False)
     assert missing.exit_code == 1 and "TokenNotFound" in missing.output
+
+
+@pytest.mark.parametrize("foreign", ["CREATE TABLE {s}.justonce_jobs (x int)",
+                                     "CREATE TABLE {s}.justonce_migrations (x int)"])
+def test_migrate_over_another_products_tables_is_one_line_on_postgres(foreign: str) -> None:
+    """A schema holding tables of something else under justonce's names: a one-line
+    SchemaError (it was psycopg's DuplicateTable traceback), and nothing of ours made."""
+    import uuid
+
+    import psycopg
+
+    from conftest import _drop_schema, postgres_or_skip
+
+    server = postgres_or_skip()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.split("?")[0], autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(foreign.format(s=schema))
+    try:
+        url = f"{server}{'&' if '?' in server else '?'}schema={schema}"
+        result = run("migrate", "--database-url", url, ok=False)
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert result.exit_code == 1 and len(lines) == 1, result.output
+        assert lines[0].startswith("Error: SchemaError") and "another schema" in lines[0]
+        with psycopg.connect(server.split("?")[0]) as conn:
+            tables = {r[0] for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))}
+        assert len(tables) == 1, tables  # the foreign table alone: the migration rolled back
+    finally:
+        _drop_schema(server, schema)

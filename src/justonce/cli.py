@@ -529,6 +529,10 @@ def demo() -> None:
 @database_option
 def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | None) -> None:
     """Queue N jobs, run them on W worker processes, and prove none ran twice or got lost."""
+    if kill_one and workers < 2:
+        # (with its only worker killed, the jobs it leaves are nobody's to run)
+        raise click.UsageError("--kill-one needs --workers 2 or more: a worker must be left "
+                               "to take over the killed one's jobs")
     from .demo.jobs import run_demo
 
     ok = run_demo(database_url, n_jobs, workers, kill_one, out)

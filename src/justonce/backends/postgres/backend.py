@@ -29,6 +29,7 @@ from ...errors import (
     DatabaseUnavailable,
     InvalidOption,
     LockTimeout,
+    SchemaError,
 )
 from ...items import CHUNK_BITS
 from ...models import ClaimedJob, Completion, ListCompletion, NewJob, Reservation
@@ -425,11 +426,23 @@ class PostgresDialect(Dialect):
                 " version integer PRIMARY KEY, name text NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            done = {r[0] for r in conn.execute("SELECT version FROM justonce_migrations")}
+            try:
+                done = {r[0] for r in conn.execute("SELECT version FROM justonce_migrations")}
+            except psycopg.errors.UndefinedColumn as exc:
+                raise SchemaError(f"justonce_migrations here is not justonce's "
+                                  f"({str(exc).splitlines()[0]}): use another schema or "
+                                  "database") from None
             for version, name, text in MIGRATIONS:
                 if version in done:
                     continue
-                conn.execute(text)
+                try:
+                    conn.execute(text)
+                except (psycopg.errors.DuplicateTable, psycopg.errors.DuplicateObject,
+                        psycopg.errors.UndefinedColumn, psycopg.errors.DuplicateFunction) as exc:
+                    # Tables of another product under justonce's names (the transaction
+                    # rolls back: nothing of this migration stays).
+                    raise SchemaError(f"migration {name} failed: {str(exc).splitlines()[0]} (tables of "
+                                      "something else here? use another schema or database)") from None
                 conn.execute(
                     "INSERT INTO justonce_migrations (version, name) VALUES (%s, %s)", (version, name)
                 )
