@@ -114,6 +114,27 @@ def test_demo_push_refuses_bad_options_with_one_line(tmp_path: Path, args: list[
     assert not (tmp_path / "justonce.db").exists()
 
 
+def test_tables_of_something_else_under_the_demos_names_are_never_dropped(db_url: str, tmp_path: Path) -> None:
+    """The set-up remakes the demo's own tables; a table of one of their names with other
+    columns belongs to something else: one line, non-zero exit, the table as it was."""
+    from justonce import App
+    from justonce.demo import connect, dialect
+
+    App(db_url).migrate()
+    conn = connect(db_url)
+    conn.execute("CREATE TABLE demo_pushes (invoice varchar(20))")
+    conn.execute("INSERT INTO demo_pushes VALUES ('important')")
+    if dialect(conn) == "sqlite":
+        conn.commit()
+    result = demo_push(db_url, tmp_path, "--users", "1000", timeout=120)
+    lines = [ln for ln in result.stderr.splitlines() + result.stdout.splitlines() if ln.strip()]
+    assert result.returncode == 1, lines
+    assert "demo_pushes" in result.stderr and "not the demo's" in result.stderr, lines
+    assert "Traceback" not in result.stderr
+    assert [tuple(r) for r in conn.execute("SELECT invoice FROM demo_pushes").fetchall()] == [("important",)]
+    conn.close()
+
+
 def test_a_second_demo_push_on_a_database_where_one_runs_refuses_and_changes_nothing(tmp_path: Path) -> None:
     """A demo's set-up remakes the demo's tables: a second demo on the same database would
     wipe out the Push the first is sending (its whole list then never reached). While one

@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import ConfigurationError
 from . import BouncedPostgres, dialect
 
 CITIES = [("Sydney", -33.8688, 151.2093, 0.40), ("Melbourne", -37.8136, 144.9631, 0.25),
@@ -65,9 +66,39 @@ def sql(conn: Any, text: str) -> str:
     return text if isinstance(conn, sqlite3.Connection) else text.replace("?", "%s")
 
 
+COLUMNS = {
+    "demo_users": ["id", "email", "lat", "lon", "interests"],
+    "demo_lists": ["id", "name", "criteria"],
+    "demo_pushes": ["id", "name", "list_id", "variants", "winner"],
+    "demo_push_ab": ["push_id", "user_id", "variant"],
+    "demo_push_reached": ["push_id", "user_id"],
+}
+"""The demo's tables as create_schema makes them: any other table of these names is not
+the demo's, and is never dropped."""
+
+
+def _columns(conn: Any, table: str) -> list[str] | None:
+    """The columns of ``table``, or None when there is no such table."""
+    try:
+        cur = conn.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+    except Exception:  # noqa: BLE001 - no such table (each dialect says it its own way;
+        return None     # the demo's connections are in autocommit: nothing to roll back)
+    return [str(d[0]).lower() for d in cur.description or ()]
+
+
 def create_schema(conn: Any) -> None:
+    """Remake the demo's tables (dropped first: each run starts afresh). A table of one
+    of their names that is not the demo's (other columns) stops the demo instead: it
+    belongs to something else, and is left as it is."""
     kind = dialect(conn)
     real, js = {"postgres": ("float8", "jsonb"), "mysql": ("DOUBLE", "JSON")}.get(kind, ("REAL", "TEXT"))
+    for table in TABLES:
+        found = _columns(conn, table)
+        if found is not None and found != COLUMNS[table]:
+            raise ConfigurationError(
+                f"this database has a table {table} that is not the demo's (columns "
+                f"{', '.join(found)}): run the demo on another database (--database-url), "
+                "or drop that table yourself")
     for table in TABLES:
         conn.execute(f"DROP TABLE IF EXISTS {table}")
     conn.execute(f"CREATE TABLE demo_users (id integer PRIMARY KEY, email varchar(100) NOT NULL, "
