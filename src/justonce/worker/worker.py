@@ -229,7 +229,7 @@ class Worker:
     # -- public control ----------------------------------------------------------------
     def run(self) -> None:
         """Run until :meth:`stop` (or SIGTERM / SIGINT when called on the main thread)."""
-        handlers, pipe = self._install_signals()
+        handlers, wake = self._install_signals()
         try:
             self._start_threads()
             emit(Event.WORKER_STARTED, "worker started", owner=self.owner, queues=self.queues,
@@ -239,8 +239,8 @@ class Worker:
         finally:
             for sig, old in handlers.items():
                 signal.signal(sig, old)
-            for fd in pipe:  # the pipe's write end: the relay thread reads its end and stops
-                os.close(fd)
+            if wake is not None:  # the pipe's write end: the relay thread reads EOF and stops
+                os.close(wake)
             self._done.set()
 
     def start(self) -> Worker:
@@ -266,14 +266,14 @@ class Worker:
         return self._running
 
     # -- threads -----------------------------------------------------------------------
-    def _install_signals(self) -> tuple[dict[int, Any], tuple[int, ...]]:
+    def _install_signals(self) -> tuple[dict[int, Any], int | None]:
         """SIGTERM / SIGINT: the first asks for a graceful stop, a second stops at once.
         The handler only writes a byte to a pipe; a thread of ours reads it and acts. A
         handler runs on the main thread between any two of its steps, maybe while that
         thread holds a lock (an Event's, the worker's own): acting there, a second signal
         close behind the first took that lock again and hung the process for good."""
         if threading.current_thread() is not threading.main_thread():
-            return {}, ()
+            return {}, None
         r, w = os.pipe()
         os.set_blocking(w, False)
         old: dict[int, Any] = {}
@@ -296,7 +296,7 @@ class Worker:
         threading.Thread(target=relay, name="justonce-signals", daemon=True).start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             old[sig] = signal.signal(sig, on_signal)
-        return old, (w,)
+        return old, w
 
     def _on_signals(self, count: int) -> None:
         for _ in range(count):
