@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +45,14 @@ def ab_split(output: str) -> tuple[int, int]:
     return int(a.replace(",", "")), int(b.replace(",", ""))
 
 
+def phases_sum(output: str) -> int:
+    """The report's rows that say how each email marked sent came to be, added up: A/B,
+    rest, and in doubt resolved done by the server's log."""
+    a, b = ab_split(output)
+    return a + b + number(output, "rest phase: winner A sent (by the ledger)") + number(
+        output, "in doubt, resolved done by the SMTP server's log")
+
+
 def killed_push(db_url: str, tmp_path: Path, *args: str) -> str:
     """Run a Push with ``--kill-one``: its output, once it exited 0, killed a worker and
     sent no user two emails (by the SMTP server's count)."""
@@ -72,7 +81,13 @@ def test_a_worker_killed_mid_chunk_leaves_exactly_its_unsent_users_and_redo_reac
     assert number(out, "users of the list never reached") == 0
     assert number(out, "messages the SMTP server received") == listed
     assert number(out, "emails marked sent in the effect ledger") == listed
+    assert phases_sum(out) == listed, out
     assert "every user of the list got exactly one email" in out
+    # The kill line counts after the kill: what the server had then, what the ledger had.
+    m = re.search(r"killed worker pid \d+ with SIGKILL: ([\d,]+) emails received by the\s+server,\s+"
+                  r"([\d,]+)\s+marked\s+sent", out)
+    assert m, out
+    assert 0 < int(m.group(2).replace(",", "")) <= int(m.group(1).replace(",", "")) <= listed
     # The rest phase started while the A/B phase was still sending (the seed's race).
     assert re.search(r"rest phase started with [\d,]+ of 2,000 A/B emails sent", out), out
     assert number(out, "mail server ceiling (16 plain senders)") > 0
@@ -93,6 +108,7 @@ def test_the_per_user_jobs_push_with_a_killed_worker_sends_no_user_two_emails(
     # stay in doubt, and they are exactly the users never reached.
     assert ledger == smtp and 0 < ledger <= listed
     assert never == in_doubt == number(out, "  of them never sent")
+    assert phases_sum(out) == ledger, out
     a, b = ab_split(out)
     assert a <= 1000 and b <= 1000
 
@@ -102,6 +118,10 @@ def test_the_per_user_jobs_push_with_a_killed_worker_sends_no_user_two_emails(
     (["--smtp", "127.0.0.1:0"], "HOST:PORT"),
     (["--smtp", "127.0.0.1:2525", "--redo"], "--redo needs the demo's own SMTP server"),
     (["--smtp", "127.0.0.1:1"], "cannot connect to 127.0.0.1:1"),  # (nothing listens there)
+    (["--smtp", "::1:25"], "HOST:PORT"),  # (an IPv6 host goes in brackets)
+    (["--smtp", "[]:25"], "HOST:PORT"),
+    (["--smtp", "[localhost]:25"], "HOST:PORT"),
+    (["--smtp", "[::1]:1"], "cannot connect to [::1]:1"),  # (parsed: nothing listens there)
     (["--senders", "0"], "--senders"),
     (["--workers", "65"], "--workers"),
     (["--users", "999"], "--users"),
@@ -112,6 +132,33 @@ def test_demo_push_refuses_bad_options_with_one_line(tmp_path: Path, args: list[
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "justonce.db").exists()
+
+
+def test_a_push_to_a_server_on_ipv6_loopback(tmp_path: Path) -> None:
+    """``--smtp [::1]:PORT``: the ceiling's senders and the Push's reach a server on IPv6,
+    each user of the list once (counted by that server)."""
+    from aiosmtpd.controller import Controller
+
+    from justonce.demo.mail import Recorder
+
+    recorder = Recorder()
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        port = s.getsockname()[1]
+    controller = Controller(recorder, hostname="::1", port=port)
+    controller.start()
+    try:
+        result = demo_push(f"sqlite:///{tmp_path / 'v6.db'}", tmp_path, "--users", "2000", "--workers", "2",
+                           "--senders", "2", "--smtp", f"[::1]:{port}", timeout=180)
+    finally:
+        controller.stop()
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    listed = number(out, "users in the list (L)")
+    per_user = {rcpt: n for push, rcpts in recorder.per_recipient.items() if push != "ceiling"
+                for rcpt, n in rcpts.items()}
+    assert listed > 0 and len(per_user) == listed and set(per_user.values()) == {1}, out
+    assert sum(recorder.per_recipient.get("ceiling", {}).values()) > 0  # (the ceiling reached it too)
 
 
 def test_tables_of_something_else_under_the_demos_names_are_never_dropped(db_url: str, tmp_path: Path) -> None:

@@ -549,8 +549,8 @@ def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | Non
               help="One job per user (a claim, a done mark and a look-up per email), to compare.")
 @click.option("--kill-one", is_flag=True, help="kill -9 a worker midway, in the middle of its chunks.")
 @click.option("--redo", is_flag=True,
-              help="After the run, resolve the entries in doubt by the demo server's log (done if it "
-                   "has the message, redo if not) and send the redo ones once.")
+              help="After the run, send once again the entries in doubt that the demo server's log "
+                   "lacks (those it has are resolved done after every run on the demo's own server).")
 @click.option("--smtp", default=None, metavar="HOST:PORT",
               help="Send to your SMTP server (a mail catcher, smtp-sink) instead of the demo's own.")
 @click.option("--seed", default=7, show_default=True, type=int, help="Seed of the users and samples.")
@@ -561,15 +561,19 @@ def demo_push(users: int, workers: int, senders: int, per_user_jobs: bool, kill_
     from .demo.push import Options, run_push_demo
 
     if smtp is not None:
-        host, sep, port = smtp.rpartition(":")
-        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-            raise click.BadParameter("expected HOST:PORT", param_hint="--smtp")
+        from .demo.mail import split_address
+
+        try:
+            host, port = split_address(smtp)
+        except ValueError:
+            raise click.BadParameter("expected HOST:PORT ([::1]:PORT for an IPv6 host)",
+                                     param_hint="--smtp") from None
         if redo:
             raise click.UsageError("--redo needs the demo's own SMTP server: its log tells which emails in "
                                    "doubt were delivered (with your server, check its log and use "
                                    "`justonce effects resolve`)")
         try:  # (before anything is set up: a Push to a server that is not there sends nothing)
-            socket.create_connection((host, int(port)), timeout=5).close()
+            socket.create_connection((host, port), timeout=5).close()
         except OSError as exc:
             raise click.BadParameter(f"cannot connect to {smtp}: {exc}", param_hint="--smtp") from None
     opts = Options(users=users, workers=workers, senders=senders, kill_one=kill_one, smtp=smtp, seed=seed,

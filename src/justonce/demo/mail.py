@@ -36,9 +36,23 @@ def render(push_id: int, to: str, variant: str, phase: str, content: dict[str, s
             f"Content-Type: text/plain; charset=utf-8\r\n\r\n{content['body']}\r\n").encode()
 
 
-def smtp_address() -> tuple[str, int]:
-    host, _, port = os.environ.get(SMTP_ENV, "127.0.0.1:8025").rpartition(":")
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:2525``) as (host, port); ValueError
+    if it is not one."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not host or ":" not in host:
+            raise ValueError(f"not an IPv6 address in brackets: {address!r}")
+    elif ":" in host or "[" in host or "]" in host:
+        raise ValueError(f"an IPv6 host goes in brackets ([::1]:2525): {address!r}")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, not {address!r}")
     return host, int(port)
+
+
+def smtp_address() -> tuple[str, int]:
+    return split_address(os.environ.get(SMTP_ENV, "127.0.0.1:8025"))
 
 
 class ThreadSMTP:
@@ -215,8 +229,8 @@ def _plain_sender(address: str, threads: int, seconds: float) -> int:
     time (epoch seconds) from stdin, send from then for ``seconds``; the count of messages
     that ended inside the window. A thread that fails fails the process (exit 1): a
     count short of a thread would make the ceiling too low."""
-    host, _, port = address.rpartition(":")
-    conns = [smtplib.SMTP(host, int(port), timeout=30) for _ in range(threads)]
+    host, port = split_address(address)
+    conns = [smtplib.SMTP(host, port, timeout=30) for _ in range(threads)]
     counts = [0] * threads
     errors: list[BaseException] = []
     content = {"subject": "ceiling", "body": "How fast the mail server takes plain sends."}
