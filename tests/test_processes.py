@@ -293,6 +293,28 @@ def test_a_burst_of_signals_stops_a_worker_and_never_hangs_it(tmp_path: Path) ->
             fleet.kill_all()
 
 
+def test_a_worker_started_before_migrate_says_so_waits_and_works_once_migrated(
+        db_url: str, tmp_path: Path) -> None:
+    """A rolling deploy may start workers before ``justonce migrate`` ran. On Postgres and
+    MySQL the worker stays up, says what to run (``claim.error``), and takes jobs once the
+    tables are there; the embedded SQLite file migrates itself."""
+    fleet = Fleet(db_url, tmp_path)
+    try:
+        w = fleet.start(concurrency=2)
+        if not db_url.startswith("sqlite"):
+            said = wait_for(lambda: w.events("claim.error"), 15, "the worker to say the schema is behind")
+            assert "run `justonce migrate`" in said[0]["error"], said
+            time.sleep(1.0)
+            assert w.popen.poll() is None, w.tail()
+        with proc_app_on(db_url) as a:
+            job = a.enqueue(proc_app.record, args=(7,))
+            wait_for(lambda: a.get_job(job.id).state == "succeeded", 30, "the job to succeed", interval=0.1)
+        assert [n for n, _, _ in ledger(db_url)] == [7]
+        assert w.popen.poll() is None, w.tail()
+    finally:
+        fleet.kill_all()
+
+
 def test_sigterm_mid_work_inflight_jobs_finish_in_grace_exit_0_prefetched_jobs_released(
     app: App, db_url: str, fleet: Fleet
 ) -> None:
