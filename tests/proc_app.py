@@ -208,6 +208,16 @@ async def async_overrun(n: int, seconds: float) -> int:
     return n
 
 
+@app.task
+async def async_record(n: int, hold: float = 0.0) -> int:
+    """An async task; ``hold`` s of a blocking call keep the worker's event loop from every
+    other async job meanwhile (what CPU work between awaits does too)."""
+    _write(n, "start")
+    time.sleep(hold)
+    _write(n, "done")
+    return n
+
+
 # -- for the concurrent-enqueue test (run in multiprocessing children) ---------------------
 
 

@@ -186,5 +186,33 @@ def test_jobs_a_worker_leased_before_the_pause_do_not_start_after_it(
         assert sorted(starts) == list(range(1000, 1100)) and set(starts.values()) == {1}
 
 
+@pytest.mark.slow
+def test_async_jobs_that_wait_for_a_busy_event_loop_do_not_start_after_the_pause(
+        db_url: str, tmp_path: Path) -> None:
+    """An async job's code starts when the worker's one event loop gets to it. Two jobs
+    leased and let through while another job's code held the loop started 1.3 s after the
+    pause once the loop was free (found by an adversarial run). They are decided again on
+    the loop, at the last instant: given back unstarted, attempts refunded."""
+    with proc_app_on(db_url) as app, fleet_on(db_url, tmp_path) as fleet:
+        worker = fleet.start(concurrency=3)
+        holder = app.enqueue("proc_app.async_record", args=[1], kwargs={"hold": 2.5})
+        wait_for(lambda: ledger(db_url, "start"), 30, "the job that holds the loop to start")
+        waiting = [app.enqueue("proc_app.async_record", args=[n]) for n in (2, 3)]
+        wait_for(lambda: all(app.get_job(j.id).state == JobState.RUNNING for j in waiting), 10,
+                 "the worker to lease the two jobs while the loop is held")
+        app.pause_queue("default")
+        wait_for(lambda: app.get_job(holder.id).state == JobState.SUCCEEDED, 30, "the holder to end")
+        time.sleep(1.0)
+        assert [n for n, _, _ in ledger(db_url, "start")] == [1], "a job started after the pause"
+        for j in waiting:
+            job = app.get_job(j.id)
+            assert job.state == JobState.READY and job.attempts == 0, job
+        assert {e["job_id"] for e in worker.events("worker.queue_paused")} == {j.id for j in waiting}
+        app.resume_queue("default")
+        wait_for(lambda: all(app.get_job(j.id).state == JobState.SUCCEEDED for j in waiting), 30,
+                 "the two jobs to run after the resume")
+        assert Counter(n for n, _, _ in ledger(db_url, "start")) == {1: 1, 2: 1, 3: 1}
+
+
 def _counts(app: App) -> dict[str, int]:
     return {str(c.state): c.count for c in app.queue_counts() if c.count}

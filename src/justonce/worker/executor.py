@@ -12,6 +12,7 @@ import concurrent.futures
 import threading
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Outcome:
-    """``kind`` is succeeded, failed, timeout, unknown_task or bad_arguments."""
+    """``kind`` is succeeded, failed, timeout, unknown_task, bad_arguments or not_started
+    (an async job its gate stopped: no code ran)."""
 
     kind: str
     duration: float
@@ -53,8 +55,14 @@ class AsyncRunner:
                 self._loop = loop
             return self._loop
 
-    def submit(self, task: Task, job: ClaimedJob) -> concurrent.futures.Future[Any]:
+    def submit(self, task: Task, job: ClaimedJob,
+               gate: Callable[[], Awaitable[bool]] | None = None) -> concurrent.futures.Future[Any]:
+        """Run the task's coroutine on the loop. ``gate``, awaited on the loop first, may
+        say the job must not start after all (NotStarted): the loop may get to a job long
+        after the slot handed it over, when another job's code holds the loop."""
         async def run() -> Any:
+            if gate is not None and not await gate():
+                raise NotStarted()
             _current.set(job)  # this coroutine's own context: concurrent jobs do not mix
             try:
                 async with asyncio.timeout(job.timeout) as deadline:
@@ -73,6 +81,11 @@ class AsyncRunner:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
+
+
+class NotStarted(Exception):
+    """An async job's gate said no when the loop got to it: its code never ran (the worker
+    has given it back)."""
 
 
 class Overran(Exception):
@@ -107,9 +120,12 @@ class Executor:
         self.app = app
         self.async_runner = AsyncRunner()
 
-    def run(self, job: ClaimedJob, on_future: Any = None) -> Outcome:
+    def run(self, job: ClaimedJob, on_future: Any = None,
+            gate: Callable[[], Awaitable[bool]] | None = None) -> Outcome:
         """Run the job once. ``on_future(fut)`` is told the future of an async task so
-        the worker can cancel it (timeout, shutdown)."""
+        the worker can cancel it (timeout, shutdown); ``gate`` is awaited on the loop just
+        before an async task's code (see AsyncRunner.submit): when it says no, the outcome
+        is ``not_started`` and nothing ran."""
         start = time.perf_counter()
         task = self.app.tasks.get(job.task)
         if task is None:
@@ -118,7 +134,7 @@ class Executor:
                               "under that name", final=True)
         try:
             if task.is_async:
-                fut = self.async_runner.submit(task, job)
+                fut = self.async_runner.submit(task, job, gate)
                 if on_future is not None:
                     on_future(fut)
                 result = fut.result()
@@ -128,6 +144,8 @@ class Executor:
                     result = task.fn(*job.args, **job.kwargs)
                 finally:
                     _current.reset(ctx)
+        except NotStarted:
+            return Outcome("not_started", time.perf_counter() - start)
         except Overran:
             return self._fail(job, start, "timeout", task,
                               f"timeout: attempt {job.attempts} ran over {job.timeout:g}s")

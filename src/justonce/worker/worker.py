@@ -16,6 +16,7 @@ that is rejected means the lease was lost, and is logged.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import math
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("justonce.worker")
 
+START_READS = 3
+"""Reads of the paused queues an async job's start may make (see ``_execute``'s gate)."""
 PAUSE_RECHECK = 0.1
 """A leased job that has waited longer than this (seconds) since its claim starts only
 after the worker has read the paused queues at most this long ago (see
@@ -504,11 +507,38 @@ class Worker:
             failpoints.hit("job.before_start")
         if not self._still_startable(h):
             return
+
+        async def gate() -> bool:
+            # An async job's code starts when the worker's event loop gets to it, which may
+            # be long after the check above if other jobs' code holds the loop (a blocking
+            # call, CPU between awaits): decided again then, on the loop, with nothing
+            # awaited between the verdict and the task's code. What needs the database (a
+            # fresh read of the paused queues, a give-back) runs off the loop; the loop may
+            # come back to the job too late for the read again, so after a few reads it is
+            # given back (always safe: unstarted, its attempt refunded).
+            for _ in range(START_READS):
+                open_ = self._queue_open_cached(h)
+                if open_ is None:
+                    await asyncio.to_thread(self._read_pauses)
+                    continue
+                verdict = self._start_verdict(h, paused=not open_)
+                if verdict is None:
+                    return True
+                await asyncio.to_thread(self._give_back, h, verdict)
+                return False
+            verdict = self._start_verdict(h, paused=False, late=True)
+            if verdict is None:
+                return True  # (not reached: a late verdict never lets it start)
+            await asyncio.to_thread(self._give_back, h, verdict)
+            return False
+
         try:
-            outcome = self.executor.run(replace(h.job, started_at=time.time()), on_future)
+            outcome = self.executor.run(replace(h.job, started_at=time.time()), on_future, gate)
         finally:
             with self._lock:
                 self._out_of_code(h)
+        if outcome.kind == "not_started":
+            return  # given back by _still_startable, and counted out there
         if failpoints.ACTIVE:
             failpoints.hit("job.after_run")
         self.producer.observe(outcome.duration)
@@ -550,8 +580,23 @@ class Worker:
         PAUSE_RECHECK. A read that fails cannot tell: the last set read stands until the
         next try (a job of a queue in it is given back, which is always safe; the others
         start, as their claims allowed)."""
-        if time.monotonic() - h.claimed <= PAUSE_RECHECK:
+        open_ = self._queue_open_cached(h)
+        if open_ is not None:
+            return open_
+        self._read_pauses()
+        return h.job.queue not in self._paused
+
+    def _queue_open_cached(self, h: _Held) -> bool | None:
+        """``_queue_open`` without the database: None when it would need a fresh read."""
+        now = time.monotonic()
+        if now - h.claimed <= PAUSE_RECHECK:
             return True
+        if now - self._pauses_sent <= PAUSE_RECHECK:
+            return h.job.queue not in self._paused
+        return None
+
+    def _read_pauses(self) -> None:
+        """Read the paused queues unless a read was sent within PAUSE_RECHECK (by any thread)."""
         with self._pauses_lock:
             if time.monotonic() - self._pauses_sent > PAUSE_RECHECK:
                 sent = time.monotonic()
@@ -560,7 +605,6 @@ class Worker:
                 except Exception:  # noqa: BLE001 - the database is down: try again later
                     pass
                 self._pauses_sent = sent
-            return h.job.queue not in self._paused
 
     def _still_startable(self, h: _Held) -> bool:
         """Decide again, at the last instant before the job's code runs, whether it may
@@ -569,11 +613,22 @@ class Worker:
         process was stopped there). Meanwhile the lease or the key's slot may have moved on,
         or its queue been paused (_queue_open). A job that may no longer start is given
         back unstarted, its attempt refunded."""
-        paused = not self._queue_open(h)
+        verdict = self._start_verdict(h, paused=not self._queue_open(h))
+        if verdict is None:
+            return True
+        self._give_back(h, verdict)
+        return False
+
+    def _start_verdict(self, h: _Held, paused: bool, late: bool = False) -> str | None:
+        """Without the database: None if the job may start now; else it will not start and
+        is counted out (under the lock), and the answer says how it is to be given back
+        (``_give_back``): "paused", "late" (an async job the loop got to too late to
+        decide: refunded), "stale" (lease or slot gone), or "" (its lease is gone already:
+        a renewal that failed, the shutdown)."""
         with self._lock:
-            if not paused and not h.lost and self._startable(h, time.monotonic()):
-                return True
-            give_back = not h.lost  # else its lease is gone already (renewal, shutdown)
+            if not paused and not late and not h.lost and self._startable(h, time.monotonic()):
+                return None
+            give_back = not h.lost
             h.lost = True
             if self._held.get(h.job.id) is h:
                 del self._held[h.job.id]
@@ -582,13 +637,20 @@ class Worker:
             self._out_of_code(h)
             if self._stopping:
                 self._cond.notify_all()
-        if give_back and paused:
+        if not give_back:
+            return ""
+        return "paused" if paused else "late" if late else "stale"
+
+    def _give_back(self, h: _Held, verdict: str) -> None:
+        """The database's part of a job that will not start (see ``_start_verdict``)."""
+        if verdict == "paused":
             emit(Event.QUEUE_PAUSE_SEEN, "a leased job's queue was paused: given back unstarted",
                  job_id=h.job.id, queue=h.job.queue)
             self._release([h.job], refund=True)
-        elif give_back:
+        elif verdict == "late":
+            self._release([h.job], refund=True)
+        elif verdict == "stale":
             self._drop_stale([h])
-        return False
 
     def _out_of_code(self, h: _Held) -> None:
         """Called with the lock held when a job's code has returned (or raised)."""
