@@ -136,6 +136,8 @@ def test_database_that_is_down_is_one_line_from_a_real_process(scheme: str) -> N
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "DatabaseUnavailable" in proc.stderr and "Traceback" not in proc.stderr
+    # One line: not also the connection pool's own warning for each try (two lines each).
+    assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1, proc.stderr
 
 
 def test_demo_jobs_runs_worker_processes_and_reports_no_duplicates(tmp_path: Path) -> None:
@@ -210,7 +212,13 @@ def test_effects_in_doubt_and_resolve(db_url: str) -> None:
         app.effects.claim("push:9", 77, lease=0.05)
         time.sleep(0.1)
         listed = run("effects", "in-doubt", "--scope", "push:9", *url).output
-        assert "push:9" in listed and "77" in listed
+        assert "push:9" in listed and "77" in listed and "there may be more" not in listed
+        # A listing cut at its limit says so.
+        app.effects.claim("push:9", 78, lease=0.05)
+        time.sleep(0.1)
+        cut = run("effects", "in-doubt", "--scope", "push:9", "--limit", "1", *url).output
+        assert "the first 1 shown: there may be more" in cut, cut
+        app.effects.resolve("push:9", 78, done=True)
         assert run("effects", "resolve", "push:9", "77", *url, ok=False).exit_code != 0
         # Both verdicts at once is a usage error in either order (the last once won
         # silently: "--done --redo" made an at-most-once entry claimable again).

@@ -89,7 +89,13 @@ def test_a_worker_killed_mid_chunk_leaves_exactly_its_unsent_users_and_redo_reac
     assert m, out
     assert 0 < int(m.group(2).replace(",", "")) <= int(m.group(1).replace(",", "")) <= listed
     # The rest phase started while the A/B phase was still sending (the seed's race).
-    assert re.search(r"rest phase started with [\d,]+ of 2,000 A/B emails sent", out), out
+    started = re.search(r"rest phase started with ([\d,]+) of 2,000 A/B emails sent: ([\d,]+) users of the "
+                        r"list\s+not reached yet, ([\d,]+) of them still waiting", out)
+    assert started, out
+    # One moment's numbers: R as the rest phase read it.
+    sent_ab, rest, waiting = (int(g.replace(",", "")) for g in started.groups())
+    assert rest == listed - sent_ab and waiting == 2000 - sent_ab, started.group(0)
+    assert "the sending time includes the waits for the killed worker's leases" in out
     assert number(out, "mail server ceiling (16 plain senders)") > 0
 
 
@@ -154,6 +160,7 @@ def test_a_push_to_a_server_on_ipv6_loopback(tmp_path: Path) -> None:
         controller.stop()
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
+    assert re.search(r"is no bigger than the\s+A/B phase's\s+2,000", out), out
     listed = number(out, "users in the list (L)")
     per_user = {rcpt: n for push, rcpts in recorder.per_recipient.items() if push != "ceiling"
                 for rcpt, n in rcpts.items()}

@@ -7,7 +7,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
@@ -251,7 +251,18 @@ def jobs_list(state: str | None, queue: str | None, task: str | None, limit: int
         err = (j.last_error or "").strip().splitlines()
         table.add_row(str(j.id), j.queue, j.task, j.state.value, f"{j.attempts}/{j.max_attempts}",
                       j.run_at.isoformat(timespec="seconds"), err[-1][:60] if err else "")
-    out.print(table if rows else "no jobs")
+    show(table, rows, limit, "no jobs")
+
+
+def show(table: Table, rows: Sequence[object], limit: int, empty: str) -> None:
+    """A listing's table, or ``empty``; when it filled ``limit``, a line saying that there
+    may be more (a listing cut at its limit without a word reads as all there is)."""
+    if not rows:
+        out.print(empty)
+        return
+    out.print(table)
+    if len(rows) >= limit:
+        out.print(f"[yellow]the first {limit:,} shown: there may be more (--limit raises it)[/yellow]")
 
 
 def _print_job(job: Job) -> None:
@@ -394,7 +405,7 @@ def batches_list(state: str | None, limit: int, database_url: str | None) -> Non
     for b in rows:
         table.add_row(str(b.id), b.state.value, _bar(b, 20), str(b.acked), str(b.failed),
                       str(b.total), (b.description or "")[:30])
-    out.print(table if rows else "no batches")
+    show(table, rows, limit, "no batches")
 
 
 @batches.command("show")
@@ -482,7 +493,7 @@ def effects_in_doubt(scope: str | None, limit: int, database_url: str | None) ->
         table.add_row(e.scope, e.key, e.policy, e.owner or "", str(e.attempts),
                       e.lease_expires_at.isoformat(timespec="seconds") if e.lease_expires_at else "",
                       (e.last_error or "")[:40])
-    out.print(table if rows else "no effects in doubt")
+    show(table, rows, limit, "no effects in doubt")
 
 
 @effects.command("resolve")

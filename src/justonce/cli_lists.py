@@ -30,7 +30,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from .app import App
-from .cli import cli, database_option, load_app, out
+from .cli import cli, database_option, load_app, out, show
 from .errors import InvalidArguments, PayloadTooLarge
 from .lists import LOAD_CHUNK, item_json
 from .models import ListInfo
@@ -62,7 +62,7 @@ def lists_list(limit: int, database_url: str | None) -> None:
         p = i.progress
         table.add_row(i.name, i.state, i.task or "", _bar(i, 20), *(f"{n:,}" for n in (
             p.ready, p.reserved, p.done, p.buried, p.total)))
-    out.print(table if rows else "no lists")
+    show(table, rows, limit, "no lists")
 
 
 @lists.command("show")

@@ -86,6 +86,8 @@ class Run:
     never_received: list[str] | None = None
     """Users of the list with no message at the server after the run (before any redo)."""
     redone: int = 0
+    busy_machine: bool = False
+    """The machine was not quiet when the ceiling was measured (its number is low)."""
 
     @property
     def scope(self) -> str:
@@ -132,6 +134,11 @@ def _run(url: str, opts: Options, out: Console) -> bool:
     out.print(f"[bold]justonce demo push[/bold]: {opts.users:,} users, list of {len(run.members):,} "
               f"(kitty lovers within 50 km of Sydney), {opts.workers} worker processes × "
               f"{opts.senders} senders, {mode}, database {url}")
+    if len(run.members) <= 2 * AB_SIZE:
+        out.print(f"[yellow]a list of {len(run.members):,} is no bigger than the A/B phase's "
+                  f"{2 * AB_SIZE:,}: the A/B phase takes all of it (variant A {len(run.ab[:AB_SIZE]):,}, "
+                  f"B {len(run.ab[AB_SIZE:]):,}) and the rest phase finds no one left to race for; "
+                  "--users 100000 or more shows it[/yellow]")
     out.print(f"set-up: {run.setup_s:.1f}s ({opts.users:,} users made and loaded in {run.users_s:.1f}s, "
               f"{opts.users / max(run.users_s, 1e-9):,.0f}/s)")
     controller, recorder, address = (None, None, opts.smtp) if opts.smtp else start_smtp()
@@ -141,6 +148,7 @@ def _run(url: str, opts: Options, out: Console) -> bool:
     # MariaDB five of them took ~0.2 of a core with the server's share, and lowered the
     # ceiling by ~10 %), and nothing of justonce may run beside the plain senders.
     if not _await_quiet_machine():
+        run.busy_machine = True
         out.print("[yellow]this machine stayed busy for 10 s after the set-up: the ceiling "
                   "is measured beside whatever runs[/yellow]")
     try:
@@ -317,7 +325,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                          else min(30.0, max(0.25, 40 * (time.perf_counter() - t))))
                 bar.update(task, completed=done)
             if run.rest_enqueued is None and done >= min(AB_SIZE // 2, len(run.ab) // 4):
-                _start_rest(run, queue, opts, done, bar.console)
+                _start_rest(run, queue, opts, bar.console)
             if opts.kill_one and run.killed is None and run.rest_enqueued is not None:
                 # Done marks come a chunk at a time; the server sees each message as it
                 # arrives, so its count says when the senders are in the middle of chunks.
@@ -347,8 +355,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                 if live == 0 and run.rest_enqueued is None:
                     # The A/B jobs ended before enough of their emails were marked sent
                     # (their sends failed for good): the rest of the list is still sent.
-                    done = app.effects.counts(run.scope).get("done", 0)
-                    _start_rest(run, queue, opts, done, bar.console)
+                    _start_rest(run, queue, opts, bar.console)
                 elif live == 0:
                     run.elapsed = t - t1
                     run.sent = app.effects.counts(run.scope).get("done", 0)
@@ -361,7 +368,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
     run.elapsed = run.elapsed or time.perf_counter() - t1
 
 
-def _start_rest(run: Run, queue: str, opts: Options, done: int, console: Console) -> None:
+def _start_rest(run: Run, queue: str, opts: Options, console: Console) -> None:
     """The rest phase, while the A/B phase is still sending: L minus R, R as it is now."""
     reached = sorted(int(e.key) for e in _entries(run.scope, "done"))
     conn = connect(app.database_url)
@@ -373,7 +380,8 @@ def _start_rest(run: Run, queue: str, opts: Options, done: int, console: Console
     rest = [uid for uid in run.members if uid not in taken]
     _enqueue_phase(run, queue, opts, "rest", rest)
     run.rest_enqueued = len(rest)
-    console.print(f"rest phase started with {done:,} of {len(run.ab):,} A/B emails sent: "
+    # (R as read for the rest phase, not the count that decided to start it: one moment)
+    console.print(f"rest phase started with {len(reached):,} of {len(run.ab):,} A/B emails sent: "
                   f"{len(rest):,} users of the list not reached yet, "
                   f"{len(set(rest) & set(run.ab)):,} of them still waiting for their A/B email")
 
@@ -523,6 +531,14 @@ def _report(out: Console, run: Run, recorder: Recorder | None, opts: Options) ->
         table.add_row(f"mail server ceiling ({run.ceiling.senders} plain senders)", f"{ceiling:,.0f}")
         table.add_row("emails per second ÷ ceiling", f"{rate / ceiling:.2f}" if ceiling else "-")
     out.print(table)
+    if run.ceiling is not None and run.busy_machine:
+        out.print("[yellow]the ceiling was measured while the machine was busy: it is low, and the "
+                  "ratio high[/yellow]")
+    if run.ceiling is not None and run.killed:
+        # After a kill the sending time holds the waits for the killed worker's leases (its
+        # slot job's, then its chunk's): the ratio is not the bookkeeping's cost then.
+        out.print("[yellow]the sending time includes the waits for the killed worker's leases: "
+                  "the ratio is low[/yellow]")
     if doubt:
         out.print("[yellow]in doubt (at most once: not resent; check the SMTP log, then "
                   f"`justonce effects resolve {run.scope} KEY --done|--redo`):[/yellow] "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 import secrets
 import select
@@ -48,6 +49,20 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ConfigurationError(
         "the PostgreSQL backend needs psycopg 3: pip install 'justonce[postgres]'"
     ) from exc
+
+
+
+class _QuietPool(logging.Filter):
+    """Drops psycopg_pool's "error connecting in 'justonce'" warnings: two raw lines a try,
+    a few tries a second, before the one-line DatabaseUnavailable that says the same (a
+    worker's claim.error event says it in its JSON log). Other pools' records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "error connecting in %r: %s" and record.args
+                    and isinstance(record.args, tuple) and record.args[0] == "justonce")
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietPool())
 
 HERE = Path(__file__).parent
 Q = load_queries(HERE / "queries.sql")
