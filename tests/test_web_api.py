@@ -54,6 +54,27 @@ def assert_problem(r: httpx.Response, status: int, error: str) -> dict[str, Any]
     return body
 
 
+def test_a_service_started_before_migrate_says_so_answers_503_then_serves(db_url: str, tmp_path: Path) -> None:
+    """Like a worker, the service may start before ``justonce migrate`` (a deploy's order):
+    it says so at its start, answers 503 SchemaError meanwhile (not a 401 that blames the
+    token), and serves once the tables are there. The embedded SQLite file migrates itself."""
+    fake = "jo_00000000_" + "A" * 43
+    with serving(db_url, tmp_path / "serve.log", migrate=False) as s, s.client(fake) as client:
+        said = (tmp_path / "serve.log").read_text()
+        if db_url.startswith("sqlite"):
+            assert "schema" not in said, said
+        else:
+            assert "this version needs" in said and "justonce migrate" in said, said
+            body = assert_problem(client.get("/api/v1/queues"), 503, "SchemaError")
+            assert "justonce migrate" in body["detail"], body
+            justonce("migrate", "--database-url", db_url)
+        assert_problem(client.get("/api/v1/queues"), 401, "Unauthorized")
+        admin = justonce("tokens", "create", "--name", "late admin", "--scope", "admin",
+                         "--database-url", db_url).stdout.strip()
+        with s.client(admin) as ok:
+            assert ok.get("/api/v1/queues").status_code == 200
+
+
 # -- bad input: a clear 4xx, nothing changed ----------------------------------------------
 def test_bad_credentials_and_scopes_are_refused_and_change_nothing(server: Server, lib: App,
                                                                     reader: httpx.Client) -> None:

@@ -38,7 +38,12 @@ def serve(host: str, port: int, database_url: str | None, app_path: str | None,
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise click.ClickException(f"justonce serve needs fastapi and uvicorn: {exc}") from None
     app = load_app(app_path, database_url, strict=False)
-    app.backend.schema_version()  # fail now, not on the first request, if unreachable
+    version = app.backend.schema_version()  # fail now, not on the first request, if unreachable
+    if version < app.backend.schema_latest() and not app.database_url.startswith("sqlite"):
+        # (Served anyway, as a worker waits: a deploy may start the service before migrate.)
+        out.print(f"[yellow]the justonce schema is at v{version}, this version needs "
+                  f"v{app.backend.schema_latest()}: requests answer 503 until `justonce migrate` "
+                  "runs[/yellow]", highlight=False)
     out.print(f"justonce serving {app.database_url.split('?')[0]} on http://{host}:{port} "
               f"(API /api/v1, docs /docs)", highlight=False)
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,

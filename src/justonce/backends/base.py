@@ -78,6 +78,9 @@ class Backend(Protocol):
     def schema_version(self) -> int:
         """Highest applied migration, 0 for an empty database."""
 
+    def schema_latest(self) -> int:
+        """The schema version this justonce needs (its last migration)."""
+
     # -- producer side --------------------------------------------------------------
     def job_insert(self, job: NewJob, conn: Any = None) -> Job:
         """Insert one job, or return the live job that holds ``job.key`` (with

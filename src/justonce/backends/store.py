@@ -91,6 +91,10 @@ class Store:
     def schema_version(self) -> int:
         return self.d.schema_version()
 
+    def schema_latest(self) -> int:
+        """The schema version this justonce needs."""
+        return int(self.d.latest)
+
     # -- producer side ------------------------------------------------------------------------
     def job_params(self, job: NewJob) -> dict[str, Any]:
         return {
