@@ -250,6 +250,39 @@ def test_tokens_create_refuses_a_bad_scope_or_name_with_one_line(tmp_path: Path)
     assert missing.exit_code == 1 and "TokenNotFound" in missing.output
 
 
+@pytest.mark.parametrize("command", ["migrate", "status"])
+@pytest.mark.parametrize("foreign", ["justonce_jobs", "justonce_migrations"])
+def test_another_products_table_under_our_names_is_one_line_on_every_backend(
+        db_url: str, foreign: str, command: str) -> None:
+    """A database holding a table of something else under one of justonce's names: every
+    command is a one-line SchemaError (on SQLite it was DatabaseUnavailable, or a traceback
+    for a foreign justonce_migrations, as on MariaDB and for status on Postgres), and the
+    table is left alone."""
+    from justonce.demo import connect
+
+    if db_url.startswith("postgresql"):
+        import psycopg
+
+        from justonce.backends.postgres.backend import parse_postgres_url
+
+        conninfo, schema, _ = parse_postgres_url(db_url)
+        with psycopg.connect(conninfo, autocommit=True) as pg:
+            pg.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    conn = connect(db_url)
+    try:
+        conn.execute(f"CREATE TABLE {foreign} (x int)")
+        conn.execute(f"INSERT INTO {foreign} VALUES (7)")
+        result = run(command, "--database-url", db_url, ok=False)
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        assert result.exit_code == 1 and len(lines) == 1, result.output
+        # (status before any migration says to migrate, which then names the table)
+        assert lines[0].startswith("Error: SchemaError") and (
+            "another" in lines[0] or "run `justonce migrate`" in lines[0]), lines
+        assert [tuple(r) for r in conn.execute(f"SELECT x FROM {foreign}").fetchall()] == [(7,)]
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("foreign", ["CREATE TABLE {s}.justonce_jobs (x int)",
                                      "CREATE TABLE {s}.justonce_migrations (x int)"])
 def test_migrate_over_another_products_tables_is_one_line_on_postgres(foreign: str) -> None:

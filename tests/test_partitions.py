@@ -4,6 +4,7 @@ takeover, partitioned claims, bad input. Real processes are in test_partition_pr
 from __future__ import annotations
 
 import random
+import re
 import string
 import time
 import zlib
@@ -291,6 +292,25 @@ def test_n_comes_from_the_environment(app: App, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("JUSTONCE_PARTITIONS", "three")
     with pytest.raises(Exception, match="JUSTONCE_PARTITIONS"):
         app.partitions.try_acquire("env")
+
+
+def test_a_worker_partitions_spec_says_what_is_wrong_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--partitions SET:N``: each mistake named (all were "expected SET:N with N an
+    integer", 0 and a bad set name included); a set name may hold ':' itself."""
+    from justonce.partitions import parse_set_spec
+
+    monkeypatch.delenv("JUSTONCE_PARTITIONS", raising=False)
+    assert parse_set_spec("tenant:eu:8") == ("tenant:eu", 8)
+    assert parse_set_spec("accounts:4") == ("accounts", 4)
+    for spec, says in [("accounts:0", "an integer in [1, 4096], not 0"),
+                       ("accounts:5000", "not 5000"),
+                       ("bad set:4", "bad partition set name 'bad set'"),
+                       ("accounts", "JUSTONCE_PARTITIONS"),
+                       ("accounts:x", "JUSTONCE_PARTITIONS")]:
+        with pytest.raises(InvalidOption, match=re.escape(says)):
+            parse_set_spec(spec)
+    monkeypatch.setenv("JUSTONCE_PARTITIONS", "6")
+    assert parse_set_spec("accounts") == ("accounts", 6)
 
 
 def test_n_cannot_change_while_a_slot_is_held(app: App) -> None:

@@ -57,7 +57,7 @@ ID = PlainId()
 def database_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--database-url", envvar="JUSTONCE_DATABASE_URL", default=None, metavar="URL",
-        help="sqlite:///path.db (default sqlite:///justonce.db) or postgresql://… "
+        help="sqlite:///path.db (default sqlite:///justonce.db), postgresql://… or mysql://… "
         "[env JUSTONCE_DATABASE_URL]",
     )(fn)
 

@@ -384,7 +384,7 @@ class Effects:
 def _scope(value: Any) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_SCOPE:
         raise InvalidOption(
-            f"scope must be a non-empty string of at most {MAX_SCOPE}, not {validate.shown(value)}")
+            f"scope must be a non-empty string of at most {MAX_SCOPE} characters, not {validate.shown(value)}")
     return validate.text(value, "scope", MAX_SCOPE)
 
 

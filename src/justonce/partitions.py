@@ -409,12 +409,14 @@ def _default_owner() -> str:
 
 
 def parse_set_spec(spec: str) -> tuple[str, int]:
-    """``SET:N`` (or ``SET``, with N from ``$JUSTONCE_PARTITIONS``) → (set, n)."""
-    name, sep, raw = spec.partition(":")
-    if not sep:
-        return validate.set_name(name), n_from_env(None)
+    """``SET:N`` (or ``SET``, with N from ``$JUSTONCE_PARTITIONS``) → (set, n). A set name
+    may hold ':' itself (``tenant:eu:8``): N is what follows the last one, when digits."""
+    name, sep, raw = spec.rpartition(":")
+    if not sep or not (raw.isascii() and raw.isdigit()):
+        name, raw = spec, ""
     try:
-        return validate.set_name(name), slots(int(raw))
-    except ValueError:
-        raise InvalidOption(f"--partitions {validate.shown(spec)}: expected SET:N with N an integer") from None
+        set_name = validate.set_name(name)
+        return set_name, (slots(int(raw)) if raw else n_from_env(None))
+    except (ValueError, ConfigurationError) as exc:
+        raise InvalidOption(f"--partitions {validate.shown(spec)} (SET:N): {exc}") from None
 

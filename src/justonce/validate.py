@@ -131,7 +131,8 @@ def optional_key(value: Any, what: str = "key") -> str | None:
                               f"(a key is at most {MAX_KEY_CHARS})")
         value = str(value)
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
-        raise InvalidName(f"bad {what} {shown(value)}: a non-empty string of at most {MAX_KEY_CHARS}")
+        raise InvalidName(f"bad {what} {shown(value)}: a non-empty string of at most {MAX_KEY_CHARS} "
+                          "characters")
     try:
         value.encode()
     except UnicodeEncodeError:
@@ -318,7 +319,7 @@ def delay(value: Any) -> float:
     if seconds < 0:
         raise InvalidOption(f"delay must be >= 0 seconds, not {seconds:g}")
     if seconds > MAX_DELAY_SECONDS:
-        raise InvalidOption(f"delay of {seconds:g}s is over the limit of {MAX_DELAY_SECONDS}s")
+        raise InvalidOption(f"delay of {seconds:g} seconds is over the limit of {MAX_DELAY_SECONDS} seconds")
     return seconds
 
 

@@ -872,7 +872,10 @@ class MySQLDialect(Dialect):
                         " AND TABLE_NAME = 'justonce_migrations'")
             if not cur.fetchone():
                 return 0
-            cur.execute("SELECT COALESCE(MAX(version), 0) FROM justonce_migrations")
+            try:
+                cur.execute("SELECT COALESCE(MAX(version), 0) FROM justonce_migrations")
+            except pymysql.err.OperationalError as exc:
+                raise _foreign_migrations(exc) from None
             row = cur.fetchone()
             return int(row[0]) if row else 0
 
@@ -892,7 +895,10 @@ class MySQLDialect(Dialect):
                     " version INT PRIMARY KEY, name VARCHAR(200) NOT NULL,"
                     " applied_at DATETIME(6) NOT NULL DEFAULT NOW(6))"
                     " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4")
-                cur.execute("SELECT version FROM justonce_migrations")
+                try:
+                    cur.execute("SELECT version FROM justonce_migrations")
+                except pymysql.err.OperationalError as exc:
+                    raise _foreign_migrations(exc) from None
                 done = {r[0] for r in cur.fetchall()}
                 for version, name, text in MIGRATIONS:
                     if version in done:
@@ -903,7 +909,12 @@ class MySQLDialect(Dialect):
                         for statement in _statements(_strip_comments(text)):
                             cur.execute(statement)
                     except pymysql.err.MySQLError as exc:
-                        raise SchemaError(f"migration {name} failed: {exc}") from exc
+                        # Table exists, no such column, duplicate column or index name:
+                        # another product's tables under justonce's names, most likely.
+                        foreign = bool(exc.args) and exc.args[0] in (1050, 1054, 1060, 1061)
+                        raise SchemaError(f"migration {name} failed: {exc}" + (
+                            " (tables of something else here? use another database)" if foreign
+                            else "")) from None
                     cur.execute("INSERT INTO justonce_migrations (version, name) VALUES (%s, %s)",
                                 (version, name))
                     applied.append(name)
@@ -1011,3 +1022,12 @@ class MySQLBackend(Store):
 
 
 __all__ = ["MySQLBackend", "MySQLDialect", "parse_mysql_url"]
+
+
+def _foreign_migrations(exc: Exception) -> Exception:
+    """A justonce_migrations table that is not justonce's (no version column): a SchemaError;
+    any other error as it was."""
+    if getattr(exc, "args", None) and exc.args[0] == 1054:  # ER_BAD_FIELD_ERROR
+        return SchemaError(f"justonce_migrations here is not justonce's ({exc.args[1]}): use "
+                           "another database")
+    return exc

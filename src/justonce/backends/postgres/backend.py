@@ -425,7 +425,12 @@ class PostgresDialect(Dialect):
             row = conn.execute("SELECT to_regclass('justonce_migrations') IS NOT NULL").fetchone()
             if not row or not row[0]:
                 return 0
-            top = conn.execute("SELECT coalesce(max(version), 0) FROM justonce_migrations").fetchone()
+            try:
+                top = conn.execute("SELECT coalesce(max(version), 0) FROM justonce_migrations").fetchone()
+            except psycopg.errors.UndefinedColumn as exc:
+                raise SchemaError(f"justonce_migrations here is not justonce's "
+                                  f"({str(exc).splitlines()[0]}): use another schema or "
+                                  "database") from None
             return int(top[0]) if top else 0
 
     def migrate(self) -> list[str]:

@@ -26,6 +26,7 @@ from ...errors import (
     DatabaseUnavailable,
     InvalidOption,
     LockTimeout,
+    SchemaError,
 )
 from ...validate import shown
 from ..base import load_queries, migration_files
@@ -37,6 +38,8 @@ HERE = Path(__file__).parent
 NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
 Q = load_queries(HERE / "queries.sql", {"NOW()": NOW_SQL})
 MIGRATIONS = migration_files(HERE / "migrations")
+_FOREIGN = ("already exists", "no such column", "has no column")
+"""What SQLite says when a migration meets another product's table under justonce's names."""
 LATEST = MIGRATIONS[-1][0]
 SQLITE_BUSY_MS = 5  # SQLite's own wait; the fair retry loop in _write does the rest
 SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
@@ -228,7 +231,11 @@ class SQLiteDialect(Dialect):
         ).fetchone()
         if not exists:
             return 0
-        row = conn.execute("SELECT max(version) FROM justonce_migrations").fetchone()
+        try:
+            row = conn.execute("SELECT max(version) FROM justonce_migrations").fetchone()
+        except sqlite3.OperationalError as exc:
+            raise SchemaError(f"justonce_migrations here is not justonce's ({exc}): use "
+                              "another database file") from None
         return row[0] or 0
 
     def migrate(self) -> list[str]:
@@ -237,13 +244,25 @@ class SQLiteDialect(Dialect):
                 "CREATE TABLE IF NOT EXISTS justonce_migrations ("
                 " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
             )
-            done = {r[0] for r in conn.execute("SELECT version FROM justonce_migrations")}
+            try:
+                done = {r[0] for r in conn.execute("SELECT version FROM justonce_migrations")}
+            except sqlite3.OperationalError as exc:
+                raise SchemaError(f"justonce_migrations here is not justonce's ({exc}): use "
+                                  "another database file") from None
             applied = []
             for version, name, sql in MIGRATIONS:
                 if version in done:
                     continue
                 for statement in _split_statements(sql):
-                    conn.execute(statement)
+                    try:
+                        conn.execute(statement)
+                    except sqlite3.OperationalError as exc:
+                        if not any(t in str(exc) for t in _FOREIGN):
+                            raise
+                        # Tables of another product under justonce's names (the
+                        # transaction rolls back: nothing of this migration stays).
+                        raise SchemaError(f"migration {name} failed: {exc} (tables of something "
+                                          "else here? use another database file)") from None
                 conn.execute(
                     f"INSERT INTO justonce_migrations VALUES (?, ?, {NOW_SQL})", (version, name)
                 )
