@@ -169,6 +169,19 @@ def test_run_with_three_processes_runs_every_item_exactly_once(app: App, db_url:
     assert len(app.list_jobs(task="proc_app.batch_done", limit=10)) == 1  # on_complete, once
 
 
+def test_run_says_when_the_task_fails(app: App, db_url: str) -> None:
+    """A failing task's attempts are said on screen (the first at once, then a line each
+    5 s per process): a list whose task always failed sat at 0 done through its backoffs
+    with nothing said. Buried positions are named at the end."""
+    app.lists.create("odd", task="proc_app.list_odd_fails", items=range(6))
+    proc = lists_run(db_url, "odd", 1)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    assert "list odd: 1 attempt(s) failed in process" in err, err
+    assert "ValueError: odd item 1" in err and "retried after a backoff" in err, err
+    assert "3 of 6 done, 3 buried" in out and "revive them with `justonce lists kick odd`" in out
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_every_process_after_its_current_item(app: App, db_url: str,
                                                             sig: signal.Signals) -> None:

@@ -179,9 +179,11 @@ def test_enqueue_one_bulk_and_keyed_then_read_them_back(admin: httpx.Client) -> 
     assert job["state"] == "scheduled" and job["queue"] == "mail" and job["priority"] == 3
     got = admin.get(f"/api/v1/jobs/{job['id']}").json()
     assert got["kwargs"] == {"to": "a"} and got["errors"] == []
-    k1 = admin.post("/api/v1/jobs", json={"task": "report", "key": "daily-1"}).json()
-    k2 = admin.post("/api/v1/jobs", json={"task": "report", "key": "daily-1"}).json()
+    r1 = admin.post("/api/v1/jobs", json={"task": "report", "key": "daily-1"})
+    r2 = admin.post("/api/v1/jobs", json={"task": "report", "key": "daily-1"})
+    k1, k2 = r1.json(), r2.json()
     assert k2["id"] == k1["id"] and k2["duplicate"] and not k1["duplicate"]
+    assert (r1.status_code, r2.status_code) == (201, 200)  # (the second created nothing)
     bulk = admin.post("/api/v1/jobs/bulk", json={"jobs": [{"task": "bulk.t", "args": [i], "queue": "bulk"}
                                                           for i in range(500)]})
     assert bulk.status_code == 201

@@ -4,6 +4,7 @@ processes, kick its buried positions. Thin: parse, call ``app.lists``, print."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -36,6 +37,9 @@ from .lists import LOAD_CHUNK, item_json
 from .models import ListInfo
 
 POLL = 0.5
+FAILURE_EVERY = 5.0
+"""Seconds between a ``lists run`` process's lines about failed attempts (the first at once)."""
+err = Console(stderr=True)
 """Seconds between two looks at a running list's progress."""
 
 
@@ -312,9 +316,23 @@ def lists_drain(name: str, app_path: str, database_url: str | None, parent: int 
     signal.signal(signal.SIGTERM, on_signal)
     app = load_app(app_path, database_url)
     counts: dict[str, int] = {}
+    said, failures = -math.inf, 0
     try:
         for run in app.lists.drain(name, stop=stop):
             counts[run.outcome] = counts.get(run.outcome, 0) + 1
+            if run.outcome in ("released", "buried"):
+                # Failures go on screen (the first at once, then one line each 5 s per
+                # process): a task that always fails would otherwise sit at 0 done
+                # through its backoffs with nothing said.
+                failures += 1
+                if time.monotonic() - said >= FAILURE_EVERY:
+                    said = time.monotonic()
+                    last = (run.error or "").strip().splitlines()
+                    what = "buried" if run.outcome == "buried" else "to be retried after a backoff"
+                    err.print(f"list {name}: {failures:,} attempt(s) failed in process {os.getpid()}; "
+                              f"last: position {run.position}, attempt {run.attempt}, {what}: "
+                              f"{last[-1][:200] if last else '?'}", highlight=False, markup=False,
+                              soft_wrap=True)
     finally:
         app.close()
     if report:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from ..app import App
 from ..models import JobFilter
@@ -38,15 +38,20 @@ def _filter(app: App, f: S.JobFilterIn, max_id: int | None = None) -> JobFilter:
                           max_id=max_id)
 
 
-@router.post("/jobs", response_model=S.JobOut, status_code=201, tags=["jobs"])
-def enqueue(body: S.EnqueueIn, request: Request, who: Admin) -> S.JobOut:
-    """Enqueue one job (or get the live job that holds ``key``, with ``duplicate: true``)."""
+@router.post("/jobs", response_model=S.JobOut, status_code=201, tags=["jobs"],
+             responses={200: {"model": S.JobOut, "description": "Nothing enqueued: the live job "
+                                                                 "that holds `key` (`duplicate: true`)"}})
+def enqueue(body: S.EnqueueIn, request: Request, response: Response, who: Admin) -> S.JobOut:
+    """Enqueue one job: 201. Or get the live job that holds ``key``, with ``duplicate:
+    true``: 200 (nothing was created)."""
     app = _app(request)
     new = app.build(_enqueue(body))
     with app.backend.transaction() as conn:  # the job and its audit row commit together
         job = app.backend.job_insert(new, conn=conn)
         audit(request, who, "jobs.enqueue", f"job:{job.id}", 0 if job.duplicate else 1,
               conn=conn, task=job.task)
+    if job.duplicate:
+        response.status_code = 200
     return S.JobOut.model_validate(job)
 
 
