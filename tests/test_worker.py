@@ -81,6 +81,55 @@ def test_arguments_that_do_not_fit_the_signature_go_dead(app: App, worker_factor
     client.close()
 
 
+def test_an_app_that_knows_the_task_refuses_arguments_that_cannot_fit_it(app: App) -> None:
+    """A job that could never run is refused at enqueue (InvalidArguments, nothing
+    written) on every path of an App that registers the task; one that does not know it
+    enqueues by name, and the worker says bad_arguments (above)."""
+    from justonce import Enqueue, InvalidArguments
+
+    @app.task(name="two")
+    def two(a: int, b: int = 0) -> int:
+        return a + b
+
+    @app.task(name="kw")
+    def kw(a: int, *, must: str) -> None: ...
+
+    @app.task(name="anything")
+    def anything(*args: object, **kwargs: object) -> None: ...
+
+    @app.task(name="slot_task")
+    def slot_task(predicate: str, slot: int, n: int) -> None: ...
+
+    @app.task(name="callback")
+    def callback(tag: str, batch: object) -> None: ...
+
+    before = len(app.list_jobs(limit=1000))
+    refused: list[tuple[str, object]] = [
+        ("enqueue", lambda: app.enqueue("two", [1, 2, 3])),
+        ("task.enqueue", lambda: two.enqueue()),
+        ("unknown keyword", lambda: app.enqueue(two, [1], {"c": 3})),
+        ("keyword-only missing", lambda: kw.enqueue(1)),
+        ("enqueue_many", lambda: app.enqueue_many([Enqueue(two, args=[1]), Enqueue(two, args=[1, 2, 3])])),
+        ("enqueue_calls", lambda: app.enqueue_calls(two, [(1,), (1, 2), (1, 2, 3)])),
+        ("batch enqueue", lambda: app.batches.enqueue(app.batches.open().id, [Enqueue(two, args=[])])),
+        ("batch enqueue_calls", lambda: app.batches.enqueue_calls(app.batches.open().id, "two", [{"b": 1}])),
+        ("callback", lambda: app.batches.open(on_complete=Enqueue(callback, args=["x", "y"]))),
+        ("scan", lambda: app.partitions.scan(two, column="id", n=2)),
+    ]
+    for what, call in refused:
+        with pytest.raises(InvalidArguments, match="arguments do not match") as info:
+            call()  # type: ignore[operator]
+        assert "two" in str(info.value) or "kw" in str(info.value) or "callback" in str(info.value), what
+    with pytest.raises(InvalidArguments, match="call 2: "):  # (the call is named)
+        app.enqueue_calls(two, [(1,), (1, 2), (1, 2, 3)])
+    assert len(app.list_jobs(limit=1000)) == before  # (nothing written)
+    # What fits is taken, on every path.
+    assert not two.enqueue(1).duplicate and not two.enqueue(1, b=2).duplicate and kw.enqueue(1, must="x")
+    assert anything.enqueue(1, 2, 3, x=4) and app.enqueue_calls(two, [(1,), (1, 2), {"a": 1}])
+    assert app.batches.open(on_complete=Enqueue(callback, args=["x"])).id  # (batch= is passed)
+    assert app.partitions.scan(slot_task, column="id", n=2).id
+
+
 def test_non_retryable_error_goes_dead_at_once(app: App, worker_factory) -> None:
     @app.task(name="refuse", max_attempts=10)
     def refuse() -> None:

@@ -16,7 +16,14 @@ from . import validate
 from .backends import Backend, open_backend, resolve_url
 from .batches import Batches
 from .effects import Effects
-from .errors import CountChanged, InvalidOption, InvalidTransition, JobNotFound, UnknownTask
+from .errors import (
+    CountChanged,
+    InvalidArguments,
+    InvalidOption,
+    InvalidTransition,
+    JobNotFound,
+    UnknownTask,
+)
 from .events import Event, emit
 from .lists import Lists
 from .models import Job, JobFilter, MetricsSnapshot, NewJob, QueueCount, QueuePause, QueueStats
@@ -139,13 +146,20 @@ class App:
         return name, known
 
     # -- enqueue ------------------------------------------------------------------------
-    def build(self, req: Enqueue) -> NewJob:
+    def build(self, req: Enqueue, *, bind: bool = True, passed: Sequence[str] = ()) -> NewJob:
         """Validate one request into the row to insert (no database access). A registered
-        task's defaults were validated when it was registered and are not checked again."""
+        task's defaults were validated when it was registered and are not checked again.
+        Its arguments must fit the task's function (``bind``; not for a template whose
+        arguments come per call), given ``passed`` too (keyword arguments the job will be
+        handed besides): a job that could never run is refused here, not dead later."""
         if not isinstance(req, Enqueue):
             raise InvalidOption(f"a request is an Enqueue, not {type(req).__name__}")
         name, t = self._resolve(req.task)
         args_json, kwargs_json = validate.arguments(req.args, req.kwargs)
+        if bind and t is not None:
+            why = t.argument_error(req.args, req.kwargs, passed)
+            if why is not None:
+                raise InvalidArguments(why)
         if req.delay is not None and req.run_at is not None:
             raise InvalidOption("give delay or run_at, not both")
         return NewJob(
@@ -210,16 +224,29 @@ class App:
         """Queue one job per call (a tuple of positional arguments or a dict of keyword
         arguments) with the same options, in one round trip. The options are validated
         once, not once per job."""
-        template = self.build(call_template(task, options))
+        template = self.build(call_template(task, options), bind=False)
         calls = validate.call_list(calls)
         if not calls:
             return []
+        self._check_calls(task, calls)
         if template.key is not None:
             # Every call would carry the same key: the general path settles them.
             rows = [template.with_arguments(*validate.arguments(*_split(c))) for c in calls]
             return self.backend.job_insert_many(rows, conn=conn)
         args_doc, kwargs_doc = validate.batch_arguments(calls)
         return self.backend.job_insert_batch(template, args_doc, kwargs_doc, conn=conn)
+
+    def _check_calls(self, task: str | Task, calls: Sequence[Any], passed: Sequence[str] = ()) -> None:
+        """Refuse (InvalidArguments, naming the call) the first call whose arguments do not
+        fit a registered task's function; a task this App does not know is not checked."""
+        _, t = self._resolve(task)
+        if t is None:
+            return
+        for i, call in enumerate(calls):
+            args, kwargs = _split(call)
+            why = t.argument_error(args, kwargs, passed)
+            if why is not None:
+                raise InvalidArguments(f"call {i}: {why}")
 
     # -- look-ups and operator actions --------------------------------------------------
     def get_job(self, job_id: int) -> Job:
@@ -421,6 +448,7 @@ def _option(given: Any, task_default: Any, default: Any, check: Callable[[Any], 
 
 
 def _split(call: Any) -> tuple[Any, Any]:
+    """A call of ``enqueue_calls``: (positional arguments, keyword arguments)."""
     return ((), call) if isinstance(call, dict) else (call, None)
 
 

@@ -120,9 +120,10 @@ class Batches:
                       **options: Any) -> tuple[ItemGroup, list[int]]:
         """Like :meth:`App.enqueue_calls`, one job per call, each job an item of a new
         group of the batch (the fast path for a large fan-out)."""
-        template = self.app.build(call_template(task, options))
+        template = self.app.build(call_template(task, options), bind=False)
         calls = validate.call_list(calls)
         _check_jobs(len(calls), template.key is not None)
+        self.app._check_calls(task, calls)
         args_doc, kwargs_doc = validate.batch_arguments(calls)
         return self.app.backend.batch_enqueue_calls(
             validate.batch_id(batch_id), template, args_doc, kwargs_doc, len(calls), conn=conn)
@@ -190,7 +191,7 @@ class Batches:
                 f"on_{which} cannot take a keyword argument named 'batch': the batch summary "
                 "is passed under that name"
             )
-        return callback_spec(self.app.build(req))
+        return callback_spec(self.app.build(req, passed=("batch",)))
 
 
 def _check_jobs(n: int, keyed: bool) -> None:

@@ -395,7 +395,8 @@ class Partitions:
         conn = options.pop("conn", None)
         # The jobs' options are checked before anything is written: in your transaction
         # (conn=) a refusal after the batch was opened would leave it behind.
-        self.app.build(call_template(task, options))
+        self.app.build(call_template(task, options), bind=False)
+        self.app._check_calls(task, calls[:1])  # (every slot's call has the same names)
         with nullcontext(conn) if conn is not None else self.app.backend.transaction() as c:
             batch = self.app.batches.open(description or f"scan of {column} in {n} slots",
                                           on_complete=on_complete, on_success=on_success, conn=c)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,9 @@ class Task:
     backoff: Backoff | Callable[[int], float]
     is_async: bool = field(init=False)
     signature: inspect.Signature | None = field(init=False)
+    _positional: tuple[int, float] | None = field(init=False, repr=False)
+    """(fewest, most) positional arguments that fit when no keyword is given, or None when
+    a keyword-only parameter has no default (then every check binds)."""
 
     def __post_init__(self) -> None:
         self.is_async = inspect.iscoroutinefunction(self.fn)
@@ -70,6 +74,25 @@ class Task:
             self.signature = inspect.signature(self.fn)
         except (TypeError, ValueError):
             self.signature = None
+        self._positional = _positional(self.signature)
+
+    def argument_error(self, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+                       passed: Sequence[str] = ()) -> str | None:
+        """Why a job with these arguments could never run (they do not fit the function's
+        signature), or None. ``passed``: keyword arguments the job will also be given (a
+        batch callback's ``batch``). None as well when the signature cannot be read. A
+        plain call (positional arguments only) is a length check; anything else binds."""
+        if self.signature is None:
+            return None
+        if not kwargs and not passed and self._positional is not None:
+            fewest, most = self._positional
+            if fewest <= len(args) <= most:
+                return None
+        try:
+            self.signature.bind(*args, **(kwargs or {}), **dict.fromkeys(passed))
+        except TypeError as exc:
+            return f"arguments do not match {self.name}{self.signature}: {exc}"
+        return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -100,3 +123,18 @@ class TaskCall:
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Job:
         return self.task.app.enqueue(self.task, args=args, kwargs=kwargs, **self.options)
+
+
+def _positional(sig: inspect.Signature | None) -> tuple[int, float] | None:
+    if sig is None:
+        return None
+    fewest, most = 0, 0.0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            most += 1
+            fewest += p.default is p.empty
+        elif p.kind is p.VAR_POSITIONAL:
+            most = math.inf
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            return None
+    return fewest, most
