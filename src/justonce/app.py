@@ -242,7 +242,10 @@ class App:
         _, t = self._resolve(task)
         if t is None:
             return
+        fewest, most = t.positional_counts() if not passed else (1, 0)
         for i, call in enumerate(calls):
+            if not isinstance(call, dict) and fewest <= len(call) <= most:
+                continue  # (the common case, inline: a bulk enqueue checks many calls)
             args, kwargs = _split(call)
             why = t.argument_error(args, kwargs, passed)
             if why is not None:

@@ -76,6 +76,11 @@ class Task:
             self.signature = None
         self._positional = _positional(self.signature)
 
+    def positional_counts(self) -> tuple[int, float]:
+        """(fewest, most) positional arguments that fit when no keyword is given; (1, 0)
+        (nothing fits that way) when that alone cannot tell."""
+        return self._positional if self._positional is not None else (1, 0)
+
     def argument_error(self, args: Sequence[Any], kwargs: dict[str, Any] | None = None,
                        passed: Sequence[str] = ()) -> str | None:
         """Why a job with these arguments could never run (they do not fit the function's
