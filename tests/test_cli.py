@@ -89,6 +89,9 @@ def test_migrate_enqueue_status_and_jobs_commands(db_url: str) -> None:
     (["jobs", "retry", "+1"], "not an id"), (["batches", "show", "0x1"], "not an id"),
     (["queues", "resume", "mail\n"], "InvalidName"),
     (["queues", "pause", "mail", "--note", "n" * 4001], "note must be"),
+    (["enqueue", "proc_app.record", "--app", "proc_app:app", "--args", "[1, 2]"],
+     "InvalidArguments: arguments do not match proc_app.record"),
+    (["enqueue", "proc_app.record", "--app", "proc_app:nope"], "proc_app has no 'nope' (its App: app)"),
 ])
 def test_bad_input_gets_one_line_and_a_non_zero_exit(db_url: str, args, needle) -> None:
     run("migrate", "--database-url", db_url)

@@ -76,7 +76,11 @@ def load_app(path: str | None, database_url: str | None, strict: bool = True) ->
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {shown(module_name)} for --app: {exc}") from None
-    app = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
+        raise ConfigurationError(f"--app {shown(path)}: {module_name} has no {attr!r}"
+                                 + (f" (its App: {', '.join(apps)})" if apps else ""))
+    app = getattr(module, attr)
     if not isinstance(app, App):
         raise ConfigurationError(f"{shown(path)} is not a justonce.App (got {type(app).__name__})")
     if database_url:
