@@ -311,6 +311,10 @@ def test_a_worker_partitions_spec_says_what_is_wrong_with_it(monkeypatch: pytest
             parse_set_spec(spec)
     monkeypatch.setenv("JUSTONCE_PARTITIONS", "6")
     assert parse_set_spec("accounts") == ("accounts", 6)
+    # An N meant, mistyped, is not taken for part of the name (with N from the environment).
+    for spec in ("orders:8x", "orders:-3", "orders:", "orders:+4"):
+        with pytest.raises(InvalidOption, match="N must be a whole number"):
+            parse_set_spec(spec)
 
 
 def test_n_cannot_change_while_a_slot_is_held(app: App) -> None:

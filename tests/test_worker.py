@@ -128,6 +128,106 @@ def test_an_app_that_knows_the_task_refuses_arguments_that_cannot_fit_it(app: Ap
     assert anything.enqueue(1, 2, 3, x=4) and app.enqueue_calls(two, [(1,), (1, 2), {"a": 1}])
     assert app.batches.open(on_complete=Enqueue(callback, args=["x"])).id  # (batch= is passed)
     assert app.partitions.scan(slot_task, column="id", n=2).id
+    assert app.enqueue(two, None, {"a": 1}) and app.enqueue_many([Enqueue(two, args=None, kwargs={"a": 2})])
+    # A decorator may supply arguments: the function is read as called, not through
+    # functools.wraps (a wrapper of *args, **kwargs takes anything).
+    import functools
+
+    def inject(fn):  # type: ignore[no-untyped-def]
+        @functools.wraps(fn)
+        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+            return fn("conn", *a, **k)
+        return wrapper
+
+    @app.task(name="with_conn")
+    @inject
+    def with_conn(conn: str, x: int) -> None: ...
+
+    assert with_conn.enqueue(5) and app.enqueue_calls(with_conn, [(5,)])
+    # Malformed calls are still named as such, before any signature is looked at.
+    with pytest.raises(InvalidArguments, match="each call must be"):
+        app.enqueue_calls(two, [5])  # type: ignore[list-item]
+    # A list's task is called with one item.
+    with pytest.raises(InvalidArguments, match="a list's task takes one item"):
+        app.lists.create("pairs", task=callback, items=[1, 2])
+    assert "pairs" not in {i.name for i in app.lists.list()}
+
+
+def test_an_async_job_that_timed_out_waiting_for_the_event_loop_never_starts_that_attempt(
+        app: App, worker_factory) -> None:
+    """One job's code holds the event loop 2 s; another (timeout 0.5 s) waits for it and
+    times out before its code starts. Its future was cancelled, its slot counted it out,
+    and then the loop's last-instant check came to it: counted out a second time (the
+    running count went to -1, and a later job's grace at shutdown was cut short). It must
+    not start that attempt, be counted once, and run once, on a later attempt."""
+    import time as _time
+
+    starts: list[int] = []
+
+    @app.task(name="hog", timeout=30)
+    async def hog() -> None:
+        _time.sleep(2.0)  # (a blocking call: the loop is held)
+
+    @app.task(name="short", timeout=0.5, backoff=Backoff(base=0.05, jitter=0))
+    async def short(n: int) -> int:
+        starts.append(n)
+        return n
+
+    w = worker_factory(concurrency=3)
+    stop = threading.Event()
+
+    def read_pauses() -> None:  # (what the other slots' starts do on a busy worker)
+        while not stop.wait(0.02):
+            w._read_pauses()
+
+    reader = threading.Thread(target=read_pauses, daemon=True)
+    reader.start()
+    app.enqueue(hog)
+    _time.sleep(0.3)
+    job = app.enqueue(short, [1])
+    final = app.wait(job.id, 15)
+    stop.set()
+    # (attempt 2 may time out waiting too, while the loop is still held)
+    assert final.state is JobState.SUCCEEDED and final.attempts >= 2, final
+    assert starts == [1], "a timed-out attempt's code started after its timeout"
+    _time.sleep(0.5)
+    assert w.running == 0
+
+
+def test_async_jobs_start_when_reading_the_paused_queues_is_slow(app: App, worker_factory) -> None:
+    """An async job held over 0.1 s since its claim is checked against a fresh read of the
+    paused queues on the event loop. With reads slower than 0.1 s (a distant database),
+    a read was never fresh by the time it came back, and such jobs were given back
+    forever. A read the check made itself counts, however long it took."""
+    import time as _time
+
+    @app.task(name="quick_async")
+    async def quick_async(n: int) -> int:
+        return n
+
+    @app.task(name="slower_async")
+    async def slower_async(n: int) -> int:
+        await asyncio.sleep(0.05)
+        return n
+
+    w = worker_factory(concurrency=1)
+    # No-op jobs first: the worker's guess of how many to lease ahead grows, so the
+    # slower jobs after them wait in its hands past 0.1 s.
+    for i in app.enqueue_calls(quick_async, [(i,) for i in range(400)]):
+        app.wait(i, 30)
+    real = w.backend.queue_pauses
+
+    def slow_read():  # type: ignore[no-untyped-def]
+        _time.sleep(0.15)
+        return real()
+
+    w.backend.queue_pauses = slow_read  # type: ignore[method-assign]
+    ids = app.enqueue_calls(slower_async, [(i,) for i in range(40)])
+    for i in ids:
+        assert app.wait(i, 60).state is JobState.SUCCEEDED
+    # Each claimed once: none given back and claimed again (the old check gave them back
+    # after three reads it judged stale, over and over).
+    assert w.stats.claimed == 440, w.stats
 
 
 def test_non_retryable_error_goes_dead_at_once(app: App, worker_factory) -> None:

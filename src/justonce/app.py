@@ -228,12 +228,13 @@ class App:
         calls = validate.call_list(calls)
         if not calls:
             return []
-        self._check_calls(task, calls)
         if template.key is not None:
             # Every call would carry the same key: the general path settles them.
             rows = [template.with_arguments(*validate.arguments(*_split(c))) for c in calls]
+            self._check_calls(task, calls)
             return self.backend.job_insert_many(rows, conn=conn)
         args_doc, kwargs_doc = validate.batch_arguments(calls)
+        self._check_calls(task, calls)  # (after: the calls are lists, tuples or dicts now)
         return self.backend.job_insert_batch(template, args_doc, kwargs_doc, conn=conn)
 
     def _check_calls(self, task: str | Task, calls: Sequence[Any], passed: Sequence[str] = ()) -> None:

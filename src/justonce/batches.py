@@ -123,8 +123,8 @@ class Batches:
         template = self.app.build(call_template(task, options), bind=False)
         calls = validate.call_list(calls)
         _check_jobs(len(calls), template.key is not None)
-        self.app._check_calls(task, calls)
         args_doc, kwargs_doc = validate.batch_arguments(calls)
+        self.app._check_calls(task, calls)
         return self.app.backend.batch_enqueue_calls(
             validate.batch_id(batch_id), template, args_doc, kwargs_doc, len(calls), conn=conn)
 

@@ -37,10 +37,10 @@ from .lists import LOAD_CHUNK, item_json
 from .models import ListInfo
 
 POLL = 0.5
+"""Seconds between two looks at a running list's progress."""
 FAILURE_EVERY = 5.0
 """Seconds between a ``lists run`` process's lines about failed attempts (the first at once)."""
 err = Console(stderr=True)
-"""Seconds between two looks at a running list's progress."""
 
 
 @cli.group()

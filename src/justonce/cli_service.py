@@ -44,6 +44,10 @@ def serve(host: str, port: int, database_url: str | None, app_path: str | None,
         out.print(f"[yellow]the justonce schema is at v{version}, this version needs "
                   f"v{app.backend.schema_latest()}: requests answer 503 until `justonce migrate` "
                   "runs[/yellow]", highlight=False)
+    elif version > app.backend.schema_latest():
+        out.print(f"[yellow]the justonce schema is at v{version}, newer than this justonce "
+                  f"(v{app.backend.schema_latest()}): requests answer 503; upgrade justonce[/yellow]",
+                  highlight=False)
     out.print(f"justonce serving {app.database_url.split('?')[0]} on http://{host}:{port} "
               f"(API /api/v1, docs /docs)", highlight=False)
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,

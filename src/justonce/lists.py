@@ -142,6 +142,9 @@ class Lists:
             task_name, known = self.app._resolve(task)
             if max_attempts is None and known is not None:
                 max_attempts = known.max_attempts
+            why = known.argument_error((None,)) if known is not None else None
+            if why is not None:  # (it is called as task(item))
+                raise InvalidArguments(f"a list's task takes one item: {why}")
         attempts = validate.attempts(DEFAULT_MAX_ATTEMPTS if max_attempts is None else max_attempts)
         ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
         callbacks = {}

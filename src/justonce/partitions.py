@@ -413,6 +413,10 @@ def parse_set_spec(spec: str) -> tuple[str, int]:
     """``SET:N`` (or ``SET``, with N from ``$JUSTONCE_PARTITIONS``) → (set, n). A set name
     may hold ':' itself (``tenant:eu:8``): N is what follows the last one, when digits."""
     name, sep, raw = spec.rpartition(":")
+    if sep and (not raw or raw[0] in "+-0123456789") and not (raw.isascii() and raw.isdigit()):
+        # ("orders:", "orders:8x", "orders:-3": an N meant, not a part of the name)
+        raise InvalidOption(f"--partitions {validate.shown(spec)} (SET:N): N must be a whole "
+                            f"number of slots, not {validate.shown(raw)}")
     if not sep or not (raw.isascii() and raw.isdigit()):
         name, raw = spec, ""
     try:

@@ -64,6 +64,7 @@ class Task:
     backoff: Backoff | Callable[[int], float]
     is_async: bool = field(init=False)
     signature: inspect.Signature | None = field(init=False)
+    _outer: inspect.Signature | None = field(init=False, repr=False)
     _positional: tuple[int, float] | None = field(init=False, repr=False)
     """(fewest, most) positional arguments that fit when no keyword is given, or None when
     a keyword-only parameter has no default (then every check binds)."""
@@ -74,7 +75,13 @@ class Task:
             self.signature = inspect.signature(self.fn)
         except (TypeError, ValueError):
             self.signature = None
-        self._positional = _positional(self.signature)
+        # The enqueue check reads the function as called, not through functools.wraps: a
+        # decorator may supply or drop arguments (a wrapper of *args, **kwargs: any fits).
+        try:
+            self._outer = inspect.signature(self.fn, follow_wrapped=False)
+        except (TypeError, ValueError):
+            self._outer = None
+        self._positional = _positional(self._outer)
 
     def positional_counts(self) -> tuple[int, float]:
         """(fewest, most) positional arguments that fit when no keyword is given; (1, 0)
@@ -87,16 +94,17 @@ class Task:
         signature), or None. ``passed``: keyword arguments the job will also be given (a
         batch callback's ``batch``). None as well when the signature cannot be read. A
         plain call (positional arguments only) is a length check; anything else binds."""
-        if self.signature is None:
+        if self._outer is None:
             return None
+        args = () if args is None else args
         if not kwargs and not passed and self._positional is not None:
             fewest, most = self._positional
             if fewest <= len(args) <= most:
                 return None
         try:
-            self.signature.bind(*args, **(kwargs or {}), **dict.fromkeys(passed))
+            self._outer.bind(*args, **(kwargs or {}), **dict.fromkeys(passed))
         except TypeError as exc:
-            return f"arguments do not match {self.name}{self.signature}: {exc}"
+            return f"arguments do not match {self.name}{self._outer}: {exc}"
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

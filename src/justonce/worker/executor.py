@@ -12,7 +12,7 @@ import concurrent.futures
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,12 +56,13 @@ class AsyncRunner:
             return self._loop
 
     def submit(self, task: Task, job: ClaimedJob,
-               gate: Callable[[], Awaitable[bool]] | None = None) -> concurrent.futures.Future[Any]:
-        """Run the task's coroutine on the loop. ``gate``, awaited on the loop first, may
+               gate: Callable[[], bool] | None = None) -> concurrent.futures.Future[Any]:
+        """Run the task's coroutine on the loop. ``gate``, called on the loop first, may
         say the job must not start after all (NotStarted): the loop may get to a job long
-        after the slot handed it over, when another job's code holds the loop."""
+        after the slot handed it over, when another job's code holds the loop. Nothing
+        is awaited between the gate's answer and the task's code."""
         async def run() -> Any:
-            if gate is not None and not await gate():
+            if gate is not None and not gate():
                 raise NotStarted()
             _current.set(job)  # this coroutine's own context: concurrent jobs do not mix
             try:
@@ -121,9 +122,9 @@ class Executor:
         self.async_runner = AsyncRunner()
 
     def run(self, job: ClaimedJob, on_future: Any = None,
-            gate: Callable[[], Awaitable[bool]] | None = None) -> Outcome:
+            gate: Callable[[], bool] | None = None) -> Outcome:
         """Run the job once. ``on_future(fut)`` is told the future of an async task so
-        the worker can cancel it (timeout, shutdown); ``gate`` is awaited on the loop just
+        the worker can cancel it (timeout, shutdown); ``gate`` is called on the loop just
         before an async task's code (see AsyncRunner.submit): when it says no, the outcome
         is ``not_started`` and nothing ran."""
         start = time.perf_counter()

@@ -16,7 +16,6 @@ that is rejected means the lease was lost, and is logged.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import math
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("justonce.worker")
 
-START_READS = 3
-"""Reads of the paused queues an async job's start may make (see ``_execute``'s gate)."""
 PAUSE_RECHECK = 0.1
 """A leased job that has waited longer than this (seconds) since its claim starts only
 after the worker has read the paused queues at most this long ago (see
@@ -80,6 +77,10 @@ class _Held:
     finished: bool = False
     """An outcome was recorded (or is being written): lease checks leave it alone."""
     lost: bool = False
+    counted_out: bool = False
+    """The last-instant check stopped it before its code: counted out of the running jobs
+    there (an async job's future may still end cancelled, not NotStarted, when a cancel
+    raced the check: the slot must not count it out again)."""
     duration: float = 0.0
     future: concurrent.futures.Future[Any] | None = None
 
@@ -508,28 +509,20 @@ class Worker:
         if not self._still_startable(h):
             return
 
-        async def gate() -> bool:
+        def gate() -> bool:
             # An async job's code starts when the worker's event loop gets to it, which may
             # be long after the check above if other jobs' code holds the loop (a blocking
             # call, CPU between awaits): decided again then, on the loop, with nothing
-            # awaited between the verdict and the task's code. What needs the database (a
-            # fresh read of the paused queues, a give-back) runs off the loop; the loop may
-            # come back to the job too late for the read again, so after a few reads it is
-            # given back (always safe: unstarted, its attempt refunded).
-            for _ in range(START_READS):
-                open_ = self._queue_open_cached(h)
-                if open_ is None:
-                    await asyncio.to_thread(self._read_pauses)
-                    continue
-                verdict = self._start_verdict(h, paused=not open_)
-                if verdict is None:
-                    return True
-                await asyncio.to_thread(self._give_back, h, verdict)
-                return False
-            verdict = self._start_verdict(h, paused=False, late=True)
+            # awaited from the verdict to the task's code (so no cancel can land between
+            # them). A read of the paused queues it needs is made here, on the loop (at
+            # most one per PAUSE_RECHECK for the process, only for jobs held that long); a
+            # give-back is handed to a thread, not awaited.
+            verdict = self._start_verdict(h, paused=not self._queue_open(h))
             if verdict is None:
-                return True  # (not reached: a late verdict never lets it start)
-            await asyncio.to_thread(self._give_back, h, verdict)
+                return True
+            if verdict:
+                threading.Thread(target=self._give_back, args=(h, verdict),
+                                 name="justonce-give-back", daemon=False).start()
             return False
 
         try:
@@ -537,14 +530,20 @@ class Worker:
         finally:
             with self._lock:
                 self._out_of_code(h)
-        if outcome.kind == "not_started":
-            return  # given back by _still_startable, and counted out there
+        with self._lock:
+            # Counted out once, by whichever comes first: the last-instant check on the
+            # event loop (it stopped the job: its give-back or the supervisor's failure
+            # stands), or this slot (its code ran, or its future was cancelled before the
+            # loop got to it; the check then lets nothing start).
+            if h.counted_out:
+                return
+            h.counted_out = True
+            if not (h.slot is not None and h.slot.abandoned):
+                self._running -= 1  # an abandoned slot was already counted out
         if failpoints.ACTIVE:
             failpoints.hit("job.after_run")
         self.producer.observe(outcome.duration)
         with self._lock:
-            if not (h.slot is not None and h.slot.abandoned):
-                self._running -= 1  # an abandoned slot was already counted out
             if self._stopping:
                 self._cond.notify_all()  # the shutdown waits for running jobs
             if h.finished or h.lost:
@@ -619,15 +618,28 @@ class Worker:
         self._give_back(h, verdict)
         return False
 
-    def _start_verdict(self, h: _Held, paused: bool, late: bool = False) -> str | None:
+    def _start_verdict(self, h: _Held, paused: bool) -> str | None:
         """Without the database: None if the job may start now; else it will not start and
         is counted out (under the lock), and the answer says how it is to be given back
-        (``_give_back``): "paused", "late" (an async job the loop got to too late to
-        decide: refunded), "stale" (lease or slot gone), or "" (its lease is gone already:
-        a renewal that failed, the shutdown)."""
+        (``_give_back``): "paused", "stale" (lease or slot gone), or "" (nothing to give
+        back: its lease is gone already, a renewal that failed or the shutdown, or the
+        supervisor has failed it for its timeout while it waited for the event loop)."""
         with self._lock:
-            if not paused and not late and not h.lost and self._startable(h, time.monotonic()):
+            if (not paused and not h.lost and not h.finished and not h.counted_out
+                    and self._startable(h, time.monotonic())):
                 return None
+            if h.counted_out or h.finished:
+                # The slot counted it out already (its future was cancelled before the
+                # loop got to it), or the supervisor failed it for its timeout meanwhile:
+                # nothing to give back.
+                if not h.counted_out and not (h.slot is not None and h.slot.abandoned):
+                    self._running -= 1
+                h.counted_out = True
+                self._out_of_code(h)
+                if self._stopping:
+                    self._cond.notify_all()
+                return ""
+            h.counted_out = True
             give_back = not h.lost
             h.lost = True
             if self._held.get(h.job.id) is h:
@@ -639,15 +651,13 @@ class Worker:
                 self._cond.notify_all()
         if not give_back:
             return ""
-        return "paused" if paused else "late" if late else "stale"
+        return "paused" if paused else "stale"
 
     def _give_back(self, h: _Held, verdict: str) -> None:
         """The database's part of a job that will not start (see ``_start_verdict``)."""
         if verdict == "paused":
             emit(Event.QUEUE_PAUSE_SEEN, "a leased job's queue was paused: given back unstarted",
                  job_id=h.job.id, queue=h.job.queue)
-            self._release([h.job], refund=True)
-        elif verdict == "late":
             self._release([h.job], refund=True)
         elif verdict == "stale":
             self._drop_stale([h])

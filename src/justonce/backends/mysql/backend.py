@@ -912,9 +912,10 @@ class MySQLDialect(Dialect):
                         # Table exists, no such column, duplicate column or index name:
                         # another product's tables under justonce's names, most likely.
                         foreign = bool(exc.args) and exc.args[0] in (1050, 1054, 1060, 1061)
-                        raise SchemaError(f"migration {name} failed: {exc}" + (
-                            " (tables of something else here? use another database)" if foreign
-                            else "")) from None
+                        if not foreign:
+                            raise SchemaError(f"migration {name} failed: {exc}") from exc
+                        raise SchemaError(f"migration {name} failed: {exc} (tables of something "
+                                          "else here? use another database)") from None
                     cur.execute("INSERT INTO justonce_migrations (version, name) VALUES (%s, %s)",
                                 (version, name))
                     applied.append(name)

@@ -234,6 +234,8 @@ class SQLiteDialect(Dialect):
         try:
             row = conn.execute("SELECT max(version) FROM justonce_migrations").fetchone()
         except sqlite3.OperationalError as exc:
+            if "no such column" not in str(exc):
+                raise
             raise SchemaError(f"justonce_migrations here is not justonce's ({exc}): use "
                               "another database file") from None
         return row[0] or 0
@@ -247,6 +249,8 @@ class SQLiteDialect(Dialect):
             try:
                 done = {r[0] for r in conn.execute("SELECT version FROM justonce_migrations")}
             except sqlite3.OperationalError as exc:
+                if "no such column" not in str(exc):
+                    raise
                 raise SchemaError(f"justonce_migrations here is not justonce's ({exc}): use "
                                   "another database file") from None
             applied = []
