@@ -77,6 +77,9 @@ class _Held:
     finished: bool = False
     """An outcome was recorded (or is being written): lease checks leave it alone."""
     lost: bool = False
+    code_started: bool = False
+    """The last-instant check let its code start (an async job's waits for the event loop
+    before that are not the code's: a timeout or shutdown then gives it back unstarted)."""
     counted_out: bool = False
     """The last-instant check stopped it before its code: counted out of the running jobs
     there (an async job's future may still end cancelled, not NotStarted, when a cancel
@@ -506,7 +509,9 @@ class Worker:
 
         if failpoints.ACTIVE:
             failpoints.hit("job.before_start")
-        if not self._still_startable(h):
+        task = self.app.tasks.get(h.job.task)
+        in_loop = task is not None and task.is_async  # (its code starts on the event loop)
+        if not self._still_startable(h, starting=not in_loop):
             return
 
         def gate() -> bool:
@@ -517,7 +522,7 @@ class Worker:
             # them). A read of the paused queues it needs is made here, on the loop (at
             # most one per PAUSE_RECHECK for the process, only for jobs held that long); a
             # give-back is handed to a thread, not awaited.
-            verdict = self._start_verdict(h, paused=not self._queue_open(h))
+            verdict = self._start_verdict(h, paused=not self._queue_open(h), starting=True)
             if verdict is None:
                 return True
             if verdict:
@@ -605,20 +610,20 @@ class Worker:
                     pass
                 self._pauses_sent = sent
 
-    def _still_startable(self, h: _Held) -> bool:
+    def _still_startable(self, h: _Held, starting: bool = True) -> bool:
         """Decide again, at the last instant before the job's code runs, whether it may
         start. The slot chose it under the lock, but then may have waited: on a stale job's
         release (a write that waits for SQLite's lock), or for the whole of a pause (the
         process was stopped there). Meanwhile the lease or the key's slot may have moved on,
         or its queue been paused (_queue_open). A job that may no longer start is given
         back unstarted, its attempt refunded."""
-        verdict = self._start_verdict(h, paused=not self._queue_open(h))
+        verdict = self._start_verdict(h, paused=not self._queue_open(h), starting=starting)
         if verdict is None:
             return True
         self._give_back(h, verdict)
         return False
 
-    def _start_verdict(self, h: _Held, paused: bool) -> str | None:
+    def _start_verdict(self, h: _Held, paused: bool, starting: bool = True) -> str | None:
         """Without the database: None if the job may start now; else it will not start and
         is counted out (under the lock), and the answer says how it is to be given back
         (``_give_back``): "paused", "stale" (lease or slot gone), or "" (nothing to give
@@ -626,7 +631,12 @@ class Worker:
         supervisor has failed it for its timeout while it waited for the event loop)."""
         with self._lock:
             if (not paused and not h.lost and not h.finished and not h.counted_out
-                    and self._startable(h, time.monotonic())):
+                    and not self._stopping and self._startable(h, time.monotonic())):
+                if starting:  # (else the event loop decides again, right before its code)
+                    h.code_started = True
+                    # The timeout is the code's, counted from here (as an async task's own
+                    # deadline is): waiting for the event loop was not running.
+                    h.deadline = time.monotonic() + h.job.timeout
                 return None
             if h.counted_out or h.finished:
                 # The slot counted it out already (its future was cancelled before the
@@ -651,13 +661,17 @@ class Worker:
                 self._cond.notify_all()
         if not give_back:
             return ""
-        return "paused" if paused else "stale"
+        return "paused" if paused else "stopping" if self._stopping else "stale"
 
     def _give_back(self, h: _Held, verdict: str) -> None:
         """The database's part of a job that will not start (see ``_start_verdict``)."""
         if verdict == "paused":
             emit(Event.QUEUE_PAUSE_SEEN, "a leased job's queue was paused: given back unstarted",
                  job_id=h.job.id, queue=h.job.queue)
+            self._release([h.job], refund=True)
+        elif verdict == "stopping":
+            # (SIGTERM came while it waited for the event loop: an unstarted job, given
+            # back at once like the others, its attempt not counted)
             self._release([h.job], refund=True)
         elif verdict == "stale":
             self._drop_stale([h])
@@ -880,6 +894,13 @@ class Worker:
         for h in late:
             if h.future is not None:
                 h.future.cancel()
+            if not h.code_started:
+                # Its timeout passed while it waited for the event loop (other jobs' code
+                # held it): its code never ran, so no attempt is charged; given back.
+                emit(Event.JOB_DROPPED, "a job's timeout passed before its code started (the "
+                     "event loop was held): given back unstarted", jobs=[h.job.id], count=1)
+                self._release([h.job], refund=True)
+                continue
             task = self.app.tasks.get(h.job.task)
             failure = self.executor.failure_for(
                 h.job, task, f"timeout: attempt {h.job.attempts} ran over {h.job.timeout:g}s"
@@ -975,8 +996,10 @@ class Worker:
         for h in leftovers:
             if h.future is not None:
                 h.future.cancel()
-        self._release([h.job for h in leftovers if h.started is None], refund=True)
-        still_running = [h.job for h in leftovers if h.started is not None]
+        # (started by a slot but not in its code: an async job that waited for the event
+        # loop all through the grace is unstarted too)
+        self._release([h.job for h in leftovers if h.started is None or not h.code_started], refund=True)
+        still_running = [h.job for h in leftovers if h.started is not None and h.code_started]
         if still_running:
             emit(Event.WORKER_RELEASED, "grace period over: giving back running jobs",
                  jobs=[j.id for j in still_running])
