@@ -700,7 +700,7 @@ class Worker:
             if not (h.slot is not None and h.slot.abandoned) and h.started is not None:
                 self._running = max(0, self._running - 1)
             self._cond.notify_all()
-        if h.started is None:
+        if h.started is None or not h.code_started:
             self._release([h.job], refund=True)
         else:
             self._interrupt([h.job], "the worker's bookkeeping failed while it ran")
