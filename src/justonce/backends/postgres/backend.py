@@ -51,7 +51,6 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 
-
 class _QuietPool(logging.Filter):
     """Drops psycopg_pool's "error connecting in 'justonce'" warnings: two raw lines a try,
     a few tries a second, before the one-line DatabaseUnavailable that says the same (a
