@@ -638,23 +638,15 @@ class Worker:
                     # deadline is): waiting for the event loop was not running.
                     h.deadline = time.monotonic() + h.job.timeout
                 return None
-            if h.counted_out or h.finished:
-                # The slot counted it out already (its future was cancelled before the
-                # loop got to it), or the supervisor failed it for its timeout meanwhile:
-                # nothing to give back.
-                if not h.counted_out and not (h.slot is not None and h.slot.abandoned):
-                    self._running -= 1
-                h.counted_out = True
-                self._out_of_code(h)
-                if self._stopping:
-                    self._cond.notify_all()
-                return ""
-            h.counted_out = True
-            give_back = not h.lost
-            h.lost = True
+            # Counted out once: the slot may have done it already (its future was cancelled
+            # before the loop got to it). Nothing to give back then, nor when the supervisor
+            # failed it for its timeout meanwhile, nor when its lease is gone already.
+            first = not h.counted_out
+            give_back = first and not h.lost and not h.finished
+            h.counted_out = h.lost = True
             if self._held.get(h.job.id) is h:
                 del self._held[h.job.id]
-            if not (h.slot is not None and h.slot.abandoned):
+            if first and not (h.slot is not None and h.slot.abandoned):
                 self._running -= 1
             self._out_of_code(h)
             if self._stopping:
@@ -894,12 +886,16 @@ class Worker:
         for h in late:
             if h.future is not None:
                 h.future.cancel()
+        # A timeout that passed while the job waited for the event loop (other jobs' code
+        # held it): its code never ran, so no attempt is charged; given back, in one write.
+        unstarted = [h.job for h in late if not h.code_started]
+        if unstarted:
+            emit(Event.JOB_DROPPED, "jobs' timeouts passed before their code started (the event "
+                 "loop was held): given back unstarted", jobs=[j.id for j in unstarted][:50],
+                 count=len(unstarted))
+            self._release(unstarted, refund=True)
+        for h in late:
             if not h.code_started:
-                # Its timeout passed while it waited for the event loop (other jobs' code
-                # held it): its code never ran, so no attempt is charged; given back.
-                emit(Event.JOB_DROPPED, "a job's timeout passed before its code started (the "
-                     "event loop was held): given back unstarted", jobs=[h.job.id], count=1)
-                self._release([h.job], refund=True)
                 continue
             task = self.app.tasks.get(h.job.task)
             failure = self.executor.failure_for(
