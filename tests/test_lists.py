@@ -290,6 +290,25 @@ def test_run_next_runs_the_task_completes_retries_and_buries(lapp: App) -> None:
     assert lapp.lists.run_next("run") is None
 
 
+def test_a_task_failing_with_a_long_message_on_its_last_attempt_is_buried(lapp: App) -> None:
+    """The bury refused the run's own error text past 4,000 characters: the position stayed
+    reserved, was handed out again after its time to run, and was never buried."""
+    runs: list[int] = []
+
+    @lapp.task(name="loud", max_attempts=1)
+    def loud(item: int) -> None:
+        runs.append(item)
+        raise RuntimeError("y" * 10_000)
+
+    lapp.lists.create("loud", task="loud", items=[7], ttr=0.3)
+    r = lapp.lists.run_next("loud")
+    assert r is not None and r.outcome == "buried" and len(r.error or "") <= 4000, r
+    time.sleep(0.5)
+    assert lapp.lists.run_next("loud") is None and runs == [7]
+    (b,) = lapp.lists.buried("loud")
+    assert (b.reason or "").startswith("RuntimeError: yyy")
+
+
 def test_run_next_needs_a_task_that_is_registered(lapp: App) -> None:
     lapp.lists.create("bare", items=[1])
     with pytest.raises(InvalidOption):

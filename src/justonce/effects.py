@@ -152,6 +152,8 @@ class EffectClaim:
     def release(self, error: str = "released") -> bool:
         """Give the entry back (the effect did not happen): claimable again."""
         token = self._token()
+        if not isinstance(error, str):
+            raise InvalidOption(f"error must be a string, not {validate.shown(error)}")
         return self._effects.app.backend.effect_release(
             self.scope, self.key, token, validate.error_text(error), conn=self._conn)
 
@@ -197,7 +199,7 @@ class Effects:
             result = fn(claim.idempotency_key)
         except BaseException as exc:
             try:
-                claim.release(f"{type(exc).__name__}: {exc}")
+                claim.release(validate.exception_text(exc))
             except Exception:  # noqa: BLE001 - the lease will put it in doubt instead
                 emit(Event.EFFECT_RELEASE_ERROR, "could not release an effect after its failure",
                      exc_info=True)
@@ -284,7 +286,7 @@ class Effects:
                 try:
                     result = fn(f"{scope}:{key}")
                 except Exception as exc:  # noqa: BLE001 - recorded for its key; the run goes on
-                    error = validate.error_text(f"{type(exc).__name__}: {exc}")
+                    error = validate.exception_text(exc)
                     failed.append((key, token, error))
                     tally.failed[key] = error
                     continue

@@ -327,7 +327,7 @@ class Lists:
             result = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
             validate.result_json(result)
         except Exception as exc:  # noqa: BLE001 - the task's failure is the answer
-            error = validate.error_text(f"{type(exc).__name__}: {exc}")
+            error = validate.exception_text(exc)
             try:
                 if res.attempt >= max_attempts:
                     self.bury(res, reason=error)

@@ -344,9 +344,26 @@ def run_at(value: Any) -> datetime:
 
 
 def error_text(text: str) -> str:
-    """Error text as the database can store it: NUL and lone surrogates escaped."""
+    """Error text as the database can store it: NUL and lone surrogates escaped, and at
+    most MAX_ERROR_CHARS characters (its head and its tail: a message says what went
+    wrong first, a traceback where last). Every error kept (a job's, an effect's, a list
+    position's) passes here: MariaDB refuses text past its column (TEXT: 64 KiB), and an
+    effect released with a 70 KB message failed its whole chunk's finish."""
     text = text.replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[:1000] + "\n…\n" + text[-(MAX_ERROR_CHARS - 1003):]
+    return text
+
+
+def exception_text(exc: BaseException) -> str:
+    """"Type: message" of an exception, as :func:`error_text` keeps it; the type's name
+    alone when the exception's ``__str__`` itself raises."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+        text = type(exc).__name__
+    return error_text(text)
 
 
 def bounded(value: Any, what: str, lo: float, hi: float) -> float:
