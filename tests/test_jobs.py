@@ -731,3 +731,55 @@ def test_prune_leaves_a_dead_job_retried_while_it_ran(tapp: App, db_url: str) ->
         holder.close()
     assert retried and retried[0].state == "ready"
     assert tapp.get_job(job.id).state == "ready" and pruned == [0]
+
+
+BIG_FLOATS = [1e16, -1.5e300, 1e308, 2.0**70, 1e-7, 0.5, "1e+16 stays a string", 7]
+
+
+def _same(got: object) -> None:
+    assert got == BIG_FLOATS and [type(v) for v in got] == [type(v) for v in BIG_FLOATS], got  # type: ignore[union-attr]
+
+
+def test_floats_of_1e16_and_more_come_back_floats_on_every_backend(app: App, worker_factory) -> None:
+    """Postgres' jsonb keeps a number's value, not its spelling: 1e+16 came back as the
+    int 10000000000000000 (arguments, results, effect results, a batch callback's
+    arguments), where SQLite and MariaDB gave back the float."""
+    seen: list[object] = []
+
+    @app.task(name="echo")
+    def echo(values: list[object], *, more: list[object]) -> list[object]:
+        seen.append((values, more))
+        return values
+
+    @app.task(name="after")
+    def after(values: list[object], batch: object = None) -> None:
+        seen.append(("after", values))
+
+    one = app.enqueue("echo", [BIG_FLOATS], {"more": BIG_FLOATS})
+    (many,) = app.enqueue_many([Enqueue("echo", args=(BIG_FLOATS,), kwargs={"more": BIG_FLOATS})])
+    (call,) = app.enqueue_calls("echo", [{"values": BIG_FLOATS, "more": BIG_FLOATS}])
+    stored = app.get_job(one.id)
+    _same(stored.args[0])
+    _same(stored.kwargs["more"])
+    _same(app.get_job(many).args[0])
+    _same(app.get_job(call).kwargs["values"])
+    batch = app.batches.open(on_complete=Enqueue("after", args=(BIG_FLOATS,)))
+    app.batches.seal(batch.id)  # empty: the callback is enqueued at once
+    worker_factory()
+    for j in (one.id, many, call):
+        done = app.wait(j, 30)
+        assert done.state is JobState.SUCCEEDED, done
+        _same(done.result)
+    deadline = time.monotonic() + 30
+    while not any(s[0] == "after" for s in seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (cb,) = [s[1] for s in seen if s[0] == "after"]
+    _same(cb)
+    for values, more in [s for s in seen if s[0] != "after"]:
+        _same(values)
+        _same(more)
+    out = app.effects.run("floats", "k", lambda idem: BIG_FLOATS)
+    assert out.ran
+    _same(out.result)
+    _same(app.effects.get("floats", "k").result)
+

@@ -146,9 +146,31 @@ def optional_key(value: Any, what: str = "key") -> str | None:
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
+# A JSON string, or a number Python wrote with a positive exponent (repr of a float of
+# 1e16 or more: always a whole number).
+_STRING_OR_BIG_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?e\+\d+)')
+
+
+def _whole_float(m: re.Match[str]) -> str:
+    big = m.group(1)
+    return m.group() if big is None else f"{int(float(big))}.0"
+
+
+def json_text(value: Any) -> str:
+    """JSON text of a value, every float written so that each database gives back a float:
+    Postgres' jsonb keeps a number's value, not its spelling, and writes ``1e+16`` back as
+    ``10000000000000000``, which reads as an int. Such floats (1e16 and more, all whole
+    numbers) are written out in digits with ``.0``, which every backend reads as the same
+    float; the check costs one scan of the text for "e+"."""
+    text = _ENCODER.encode(value)
+    if "e+" in text:
+        text = _STRING_OR_BIG_FLOAT.sub(_whole_float, text)
+    return text
+
+
 def _dumps(value: Any, what: str) -> str:
     try:
-        return _ENCODER.encode(value)
+        return json_text(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArguments(f"{what} are not JSON-serialisable: {exc}") from None
 
@@ -266,8 +288,8 @@ def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
                 f"not {type(call).__name__}"
             )
     try:
-        args_doc = _ENCODER.encode(args_list)
-        kwargs_doc = _ENCODER.encode(kwargs_list)
+        args_doc = json_text(args_list)
+        kwargs_doc = json_text(kwargs_list)
     except (TypeError, ValueError, RecursionError):
         args_doc = kwargs_doc = ""
     if not args_doc or not _storable(args_doc) or not _storable(kwargs_doc) or (
@@ -289,7 +311,7 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
     if value is None:
         return None, None
     try:
-        text = _ENCODER.encode(value)
+        text = json_text(value)
     except (TypeError, ValueError, RecursionError) as exc:
         return None, f"result dropped: not JSON-serialisable ({type(exc).__name__}: {exc})"
     if not _storable(text):

@@ -35,12 +35,13 @@ from ..errors import BatchExpired, BatchNotFound, InvalidTransition, ItemNotFoun
 from ..items import CHUNK_BITS, ItemGroup, ItemRef, chunk_sizes, new_group_id, parse_item_id
 from ..models import AckResult, BatchInfo, BatchPruneReport, ItemFailure, NewJob, SealResult
 from ..types import BatchState
+from ..validate import json_text
 from .dialect import Dialect, Flip, Key
 
 T = TypeVar("T")
 
 
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
+_dumps = json_text  # (floats that come back floats from Postgres' jsonb too)
 
 
 def callback_spec(job: NewJob) -> dict[str, Any]:
