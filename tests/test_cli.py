@@ -65,6 +65,7 @@ def test_migrate_enqueue_status_and_jobs_commands(db_url: str) -> None:
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["enqueue", "t", "--args", "{not json"], "not JSON"),
+    (["enqueue", "t", "--args", "[" + "9" * 4400 + "]"], "4300 digits"),
     (["enqueue", "t", "--args", '{"a": 1}'], "JSON array"),
     (["enqueue", "t", "--kwargs", "[1]"], "JSON object"),
     (["enqueue", "t", "--queue", "bad queue"], "bad queue name"),
@@ -122,7 +123,8 @@ def test_queues_pause_list_and_resume(db_url: str) -> None:
 
 
 @pytest.mark.parametrize("url", ["nonsense", "oracle://x/y", "mysql://x/y/z", "mysql://x/y?colour=blue",
-                                 "sqlite:////no/such/dir/x.db"])
+                                 "sqlite:////no/such/dir/x.db", "postgresql://postgres@[::1:5432/x",
+                                 "mysql://root@[zz]:3306/x", "sqlite:///x.db?busy_timeout=-5"])
 def test_bad_database_url_is_one_line(url: str) -> None:
     result = run("status", "--database-url", url, ok=False)
     assert result.exit_code == 1

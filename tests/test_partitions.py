@@ -19,6 +19,7 @@ import proc_app
 from conftest import LONG
 from justonce import (
     App,
+    ConfigurationError,
     Enqueue,
     InvalidName,
     InvalidOption,
@@ -289,9 +290,11 @@ def test_a_lease_used_as_context_manager_renews_itself_and_releases_on_exit(app:
 def test_n_comes_from_the_environment(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUSTONCE_PARTITIONS", "3")
     assert app.partitions.try_acquire("env").n == 3
-    monkeypatch.setenv("JUSTONCE_PARTITIONS", "three")
-    with pytest.raises(Exception, match="JUSTONCE_PARTITIONS"):
-        app.partitions.try_acquire("env")
+    # Plain digits only: int() read "4_0" as 40 and "٤" as 4.
+    for bad in ("three", "4_0", "+4", " 4", "\u0664", "9" * 5000, "", "4.0"):
+        monkeypatch.setenv("JUSTONCE_PARTITIONS", bad)
+        with pytest.raises(ConfigurationError, match="JUSTONCE_PARTITIONS"):
+            app.partitions.try_acquire("env")
 
 
 def test_a_worker_partitions_spec_says_what_is_wrong_with_it(monkeypatch: pytest.MonkeyPatch) -> None:

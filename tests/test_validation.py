@@ -170,6 +170,10 @@ def test_bad_job_ids_are_refused(vapp: App) -> None:
     "postgresql://localhost:notaport/db", "postgresql://", "postgresql://h/db?schema=Bad-Name",
     "mysql://", "mysql://h", "mysql://h/", "mysql://h/a/b", "mysql://h:notaport/db",
     "mysql://h/db?colour=blue", "mariadb://h/db?pool_size=many", "mysql://h/db?pool_size=0",
+    "postgresql://postgres@[::1:5432/x", "mysql://root@[zz]:3306/x", "postgresql://h:99999/db",
+    "sqlite:///x.db?busy_timeout=-5", "sqlite:///x.db?busy_timeout=nan",
+    "sqlite:///x.db?busy_timeout=1e400", "sqlite:///x.db?busy_timeout=1_000",
+    "sqlite:///x.db?busy_timeout=99999999999",
 ])
 def test_malformed_database_urls_get_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -186,7 +190,7 @@ def test_a_database_that_is_down_is_reported_quickly(scheme: str) -> None:
     user = "postgres" if scheme == "postgresql" else "root"
     app = App(f"{scheme}://{user}@127.0.0.1:{free_port()}/test", strict=False)
     t0 = time.monotonic()
-    with pytest.raises(DatabaseUnavailable, match="refused" if scheme == "postgresql" else ""):
+    with pytest.raises(DatabaseUnavailable, match="(?i)refused"):
         app.enqueue("anything", [])
     assert time.monotonic() - t0 < 15
     app.close()

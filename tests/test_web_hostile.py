@@ -534,6 +534,15 @@ def test_a_malformed_id_in_a_path_never_names_another_job(server: Server, lib: A
             assert_problem(c.post(f"/api/v1/batches/{f}/seal"), 422, "RequestValidation")
             assert_problem(c.get(f"/api/v1/batches/{f}"), 422, "RequestValidation")
         assert c.get(f"/api/v1/jobs/{rid}").json()["state"] == "ready"
+        # Numbers in a query string too: a cursor of "1_5" paged from job 15.
+        lst = world["list"]
+        for f in forged("15"):
+            for url in (f"/api/v1/jobs?cursor={f}", f"/api/v1/jobs?limit={f}",
+                        f"/api/v1/audit?cursor={f}", f"/api/v1/batches?limit={f}",
+                        f"/api/v1/lists/{lst}/items?start={f}", f"/api/v1/lists?limit={f}"):
+                assert_problem(c.get(url), 422, "RequestValidation")
+        assert c.get(f"/api/v1/lists/{lst}/items?start=0&limit=1").status_code == 200
+        assert c.get("/api/v1/jobs?cursor=15&limit=2").status_code == 200
     browser, csrf = sign_in(server, server.admin)
     with closing(browser):
         for f in forged(rid):

@@ -93,7 +93,7 @@ def parse_json(value: str | None, what: str, kind: type) -> Any:
         return None
     try:
         parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # not JSON; or an integer past Python's 4,300 digits
         raise click.BadParameter(f"not JSON: {exc}", param_hint=what) from None
     except RecursionError:
         raise click.BadParameter("nested too deep", param_hint=what) from None

@@ -139,10 +139,11 @@ def n_from_env(n: int | None) -> int:
     raw = os.environ.get(ENV_N)
     if raw is None:
         raise ConfigurationError(f"give n, or set ${ENV_N} to the number of slots")
-    try:
-        return slots(int(raw))
-    except ValueError:
-        raise ConfigurationError(f"${ENV_N} must be an integer, not {validate.shown(raw)}") from None
+    # Plain digits, as --partitions SET:N takes them: int() reads "4_0" as 40 and "٤" as 4.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+        raise ConfigurationError(f"${ENV_N} must be a whole number in plain digits, not "
+                                 f"{validate.shown(raw)}")
+    return slots(int(raw))
 
 
 class PartitionLease:

@@ -35,7 +35,13 @@ def open_backend(url: str | None = None) -> Backend:
         # sqlite3 and the drivers raise ValueError / UnicodeEncodeError for these.
         raise ConfigurationError(f"malformed database URL {shown(url)}: it contains a NUL "
                                  "character or a lone surrogate")
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # (raises for a port out of range or not a number)
+    except ValueError as exc:  # "Invalid IPv6 URL": a '[' without its ']', say
+        raise ConfigurationError(f"malformed database URL (not shown: it may hold a password): "
+                                 f"{exc}") from None
+    scheme = parts.scheme.lower()
     if scheme == "sqlite":
         from .sqlite.backend import SQLiteBackend
 

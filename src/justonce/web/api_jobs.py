@@ -72,8 +72,8 @@ def list_jobs(
     state: JobState | None = None, queue: str | None = None, task: str | None = None,
     created_after: Annotated[S.AwareDatetime | None, Query()] = None,
     created_before: Annotated[S.AwareDatetime | None, Query()] = None,
-    cursor: Annotated[int | None, Query(ge=1, le=S.BIGINT)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: Annotated[int | None, Query(ge=1, le=S.BIGINT), S.QUERY_INT] = None,
+    limit: Annotated[int, Query(ge=1, le=1000), S.QUERY_INT] = 50,
 ) -> S.JobPage:
     """Jobs newest first, filtered; follow ``next_cursor`` for older pages."""
     app = _app(request)

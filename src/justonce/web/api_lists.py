@@ -25,7 +25,7 @@ from ..validate import shown
 from . import list_schemas as S
 from .auth import Principal, audit, require_admin, require_read
 from .problems import ERRORS, Problem, documented
-from .schemas import BIGINT
+from .schemas import BIGINT, QUERY_INT
 
 router = APIRouter(responses=ERRORS, tags=["lists"])
 Reader = Annotated[Principal, Depends(require_read)]
@@ -239,7 +239,7 @@ def run_next(name: Name, request: Request, who: Admin, body: S.NextIn | None = N
 # -- reading ------------------------------------------------------------------------------
 @router.get("/lists", response_model=S.ListsOut)
 def list_lists(request: Request, who: Reader,
-               limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> S.ListsOut:
+               limit: Annotated[int, Query(ge=1, le=10_000), QUERY_INT] = 100) -> S.ListsOut:
     """Lists by name, with their progress."""
     return S.ListsOut(lists=[_out(i) for i in _app(request).lists.list(limit)])
 
@@ -258,7 +258,7 @@ def progress(name: Name, request: Request, who: Reader) -> S.ListProgressOut:
 
 @router.get("/lists/{name}/buried", response_model=S.BuriedListOut)
 def buried(name: Name, request: Request, who: Reader,
-           limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> S.BuriedListOut:
+           limit: Annotated[int, Query(ge=1, le=10_000), QUERY_INT] = 100) -> S.BuriedListOut:
     """Buried positions, oldest first, with the reason given."""
     found = _app(request).lists.buried(name, limit)
     return S.BuriedListOut(buried=[S.BuriedOut(ranges=list(b.ranges), attempt=b.attempt, reason=b.reason,
@@ -267,8 +267,8 @@ def buried(name: Name, request: Request, who: Reader,
 
 @router.get("/lists/{name}/items", response_model=S.ItemsOut)
 def items(name: Name, request: Request, who: Reader,
-                start: Annotated[int, Query(ge=0, le=BIGINT)] = 0,
-                limit: Annotated[int, Query(ge=1, le=LOAD_CHUNK)] = 1000) -> S.ItemsOut:
+                start: Annotated[int, Query(ge=0, le=BIGINT), QUERY_INT] = 0,
+                limit: Annotated[int, Query(ge=1, le=LOAD_CHUNK), QUERY_INT] = 1000) -> S.ItemsOut:
     """Items by position (a list's items never change once sealed): ``limit`` from
     ``start``, or fewer when the answer reaches 16 MiB of item text; follow ``next``."""
     app = _app(request)

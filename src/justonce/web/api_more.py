@@ -38,7 +38,7 @@ def open_batch(body: S.BatchOpenIn, request: Request, who: Admin) -> S.BatchOut:
 
 @router.get("/batches", response_model=S.BatchList, tags=["batches"])
 def list_batches(request: Request, who: Reader, state: BatchState | None = None,
-                 limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> S.BatchList:
+                 limit: Annotated[int, Query(ge=1, le=1000), S.QUERY_INT] = 50) -> S.BatchList:
     """Newest first."""
     found = _app(request).batches.list(state, limit)
     return S.BatchList(batches=[S.BatchOut.model_validate(b) for b in found])
@@ -100,7 +100,7 @@ def fail(body: S.FailIn, request: Request, who: Admin) -> S.AckOut:
 
 @router.get("/batches/{batch_id}/failures", response_model=S.FailuresOut, tags=["batches"])
 def failures(batch_id: BatchId, request: Request, who: Reader,
-             limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> S.FailuresOut:
+             limit: Annotated[int, Query(ge=1, le=10_000), S.QUERY_INT] = 100) -> S.FailuresOut:
     found = _app(request).batches.failures(batch_id, limit)
     return S.FailuresOut(failures=[S.ItemFailureOut.model_validate(f) for f in found])
 
@@ -119,7 +119,7 @@ def partitions(request: Request, who: Reader, set: str | None = None) -> S.Parti
 
 @router.get("/effects/in-doubt", response_model=S.EffectsOut, tags=["effects"])
 def in_doubt(request: Request, who: Reader, scope: str | None = None,
-             limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> S.EffectsOut:
+             limit: Annotated[int, Query(ge=1, le=10_000), S.QUERY_INT] = 100) -> S.EffectsOut:
     """Effects whose holder's lease expired mid-effect: an operator decides."""
     found = _app(request).effects.in_doubt(scope, limit)
     return S.EffectsOut(effects=[S.EffectOut.model_validate(e) for e in found])
@@ -138,8 +138,8 @@ def resolve(body: S.ResolveIn, request: Request, who: Admin) -> S.EffectOut:
 # -- audit and session ------------------------------------------------------------------
 @router.get("/audit", response_model=S.AuditPage, tags=["audit"])
 def audit_list(request: Request, who: Reader,
-               cursor: Annotated[int | None, Query(ge=1, le=S.BIGINT)] = None,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> S.AuditPage:
+               cursor: Annotated[int | None, Query(ge=1, le=S.BIGINT), S.QUERY_INT] = None,
+               limit: Annotated[int, Query(ge=1, le=1000), S.QUERY_INT] = 100) -> S.AuditPage:
     """Every action taken through the service, newest first."""
     entries = _app(request).audit.list(cursor, limit + 1)
     more = len(entries) > limit

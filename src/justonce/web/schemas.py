@@ -39,6 +39,19 @@ PATH_ID = BeforeValidator(_path_id)
 (after ``Path``, so the OpenAPI document keeps its minimum and maximum)."""
 
 
+def _query_int(value: Any) -> Any:
+    """A number in a query string (a cursor, a limit, a start) as numbers are written:
+    "1_5", "+15" and " 015" are refused, not read as 15."""
+    if isinstance(value, str) and plain_int(value, zero=True) is None:
+        raise ValueError("a whole number in plain digits below 2**63 (no sign, leading zero, "
+                         "space or underscore)")
+    return value
+
+
+QUERY_INT = BeforeValidator(_query_int)
+"""For a number in a query string: ``Annotated[int, Query(ge=…, le=…), QUERY_INT]``."""
+
+
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -126,10 +126,12 @@ class SQLiteDialect(Dialect):
                 f"synchronous={shown(sync)} in SQLite URL {shown(url)}: use one of {sorted(SYNCHRONOUS)}"
             )
         self.synchronous = sync
-        try:
-            self.busy_timeout = float(options.pop("busy_timeout", "30000")) / 1000.0
-        except ValueError:
-            raise ConfigurationError(f"busy_timeout in {shown(url)} must be milliseconds") from None
+        busy = options.pop("busy_timeout", "30000")
+        # Plain digits: a negative or nan wait was no wait at all, and inf waited forever.
+        if not (busy.isascii() and busy.isdigit()) or not 0 <= int(busy) <= 86_400_000:
+            raise ConfigurationError(f"busy_timeout in {shown(url)} must be milliseconds, "
+                                     f"0 to 86400000 (a day), not {shown(busy)}")
+        self.busy_timeout = int(busy) / 1000.0
         if options:
             raise ConfigurationError(f"unknown SQLite URL options {sorted(options)} in {shown(url)}")
         parent = Path(path).expanduser().resolve().parent
