@@ -5,12 +5,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
-from justonce import App, Enqueue, InvalidTransition, Job, JobNotFound, JobState, KeyConflict
+from justonce import App, Enqueue, InvalidOption, InvalidTransition, Job, JobNotFound, JobState, KeyConflict
 from justonce.models import Completion, Failure
 from justonce.worker import Maintenance
 
@@ -783,3 +785,74 @@ def test_floats_of_1e16_and_more_come_back_floats_on_every_backend(app: App, wor
     _same(out.result)
     _same(app.effects.get("floats", "k").result)
 
+
+def _another_justonce_database(db_url: str, stack: Any) -> str:
+    """The URL of a second migrated justonce database of the same backend."""
+    from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
+
+    if db_url.startswith("sqlite"):
+        from justonce.backends.sqlite.backend import parse_sqlite_url
+
+        url = f"sqlite:///{parse_sqlite_url(db_url)[0]}.other.db"
+    elif db_url.startswith("mysql"):
+        url = stack.enter_context(mysql_database(mysql_or_skip()))
+    else:
+        server, schema = postgres_or_skip(), f"t_{uuid.uuid4().hex[:12]}"
+        url = f"{server}{'&' if '?' in server else '?'}schema={schema}"
+        stack.callback(_drop_schema, server, schema)
+    other = App(url, strict=False)
+    other.migrate()
+    other.close()
+    return url
+
+
+def test_conn_to_another_database_a_closed_one_or_a_failed_transaction_is_refused(
+        tapp: App, db_url: str) -> None:
+    """conn= must reach this App's database: a connection to another justonce database
+    was taken, the job written there, and its id (of the other database) named another
+    job here. Closed connections and (Postgres) failed transactions got the driver's error."""
+    from contextlib import ExitStack
+
+    mine = tapp.enqueue("add", [0, 0])
+    with ExitStack() as stack:
+        other_url = _another_justonce_database(db_url, stack)
+        other = _own_connection(other_url)
+        stack.callback(other.close)
+        for call in (lambda c: tapp.enqueue("add", [1, 2], conn=c),
+                     lambda c: tapp.enqueue_many([Enqueue("add", args=(1, 2))], conn=c),
+                     lambda c: tapp.effects.run("conn", "k", lambda idem: 1, conn=c),
+                     lambda c: tapp.batches.open("b", conn=c)):
+            with pytest.raises(InvalidOption, match="another justonce database"):
+                call(other)
+            other.rollback()
+        check = App(other_url, strict=False)
+        stack.callback(check.close)
+        assert check.queue_counts() == [] and check.batches.list() == []
+        closed = _own_connection(db_url)
+        closed.close()
+        with pytest.raises(InvalidOption, match="closed"):
+            tapp.enqueue("add", [1, 2], conn=closed)
+        if db_url.startswith("postgres"):
+            failed = _own_connection(db_url)
+            stack.callback(failed.close)
+            with pytest.raises(Exception):  # noqa: B017 - the caller's own failing statement
+                failed.execute("SELECT 1/0")
+            with pytest.raises(InvalidOption, match="roll it back"):
+                tapp.enqueue("add", [1, 2], conn=failed)
+        if db_url.startswith("mysql"):
+            import pymysql
+
+            from justonce.backends.mysql.backend import parse_mysql_url
+
+            kw = parse_mysql_url(db_url)[0]
+            latin = pymysql.connect(**{**kw, "charset": "latin1"})
+            stack.callback(latin.close)
+            with pytest.raises(InvalidOption, match="utf8mb4"):
+                tapp.enqueue("add", [1, 2], conn=latin)
+        # The right database still works, and nothing above reached it.
+        good = _own_connection(db_url)
+        stack.callback(good.close)
+        job = tapp.enqueue("add", [3, 4], conn=good)
+        good.commit()
+        assert tapp.get_job(job.id).args == [3, 4]
+        assert sum(c.count for c in tapp.queue_counts()) == 2 and tapp.get_job(mine.id).args == [0, 0]

@@ -15,13 +15,14 @@ is listed in its ``DIALECT_ONLY``.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ..errors import SchemaError
+from ..errors import InvalidOption, SchemaError
 from ..models import NewJob
 from ..types import BatchState
 from .base import Waiter
@@ -138,6 +139,38 @@ class Dialect:
     def write_count(self, name: str, params: dict[str, Any]) -> int:
         """Run one writing statement in a transaction of its own; the rows it changed."""
         raise NotImplementedError
+
+    # -- the caller's connection ----------------------------------------------------------------
+    _mark: list[Any] | None = None
+    _checked: weakref.WeakKeyDictionary[Any, bool] | None = None
+
+    def same_database(self, c: Any, hint: str = "", remember: bool = False) -> None:
+        """Refuse (InvalidOption) a caller's connection (``conn=``) that does not reach this
+        backend's tables: another database, or another justonce database, whose jobs, ids
+        and effects are not this App's (a job enqueued there came back with an id naming
+        another job here). The mark is when the first migration ran, to the microsecond:
+        two databases share it only when one is a copy of the other. One indexed read on
+        the caller's connection; ``remember``: once per connection object (a round trip
+        per call cost a third of a Postgres enqueue on the caller's connection), where
+        what the connection reaches cannot change between calls as a search_path set per
+        transaction does."""
+        if remember and self._checked is not None and self._checked.get(c):
+            return
+        if self._mark is None:
+            self._mark = [tuple(r) for r in self.read("database_mark", {})]
+        try:
+            theirs = [tuple(r) for r in self.rows(c, "database_mark", {})]
+        except Exception as exc:  # noqa: BLE001 - the driver's own error for a missing table
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise InvalidOption(f"conn does not reach this App's database: justonce's tables are "
+                                f"not there ({first}){hint}") from None
+        if theirs != self._mark:
+            raise InvalidOption("conn is a connection to another justonce database than this "
+                                f"App's (its jobs, ids and effects are not this App's){hint}")
+        if remember:
+            if self._checked is None:
+                self._checked = weakref.WeakKeyDictionary()
+            self._checked[c] = True
 
     # -- transactions -------------------------------------------------------------------------
     def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:

@@ -569,7 +569,14 @@ class MySQLDialect(Dialect):
             raise InvalidOption(
                 f"conn must be an open pymysql Connection to this database, not {type(conn).__name__}"
             )
+        if not conn.open:
+            raise InvalidOption("conn is closed")
+        if conn.charset != "utf8mb4":
+            # (latin1 or utf8mb3 cannot carry every argument, result or key: 4-byte UTF-8)
+            raise InvalidOption(f"conn must be opened with charset='utf8mb4' (PyMySQL's default), "
+                                f"not {conn.charset!r}")
         self._ensure_schema()
+        self.same_database(conn, remember=True)
         return conn
 
     @staticmethod

@@ -359,6 +359,11 @@ SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = %(
 SELECT queue FROM justonce_queue_pauses WHERE queue = %(queue)s FOR UPDATE;
 DELETE FROM justonce_queue_pauses WHERE queue IN %(picked)s;
 
+-- name: database_mark
+-- When the first migration ran, to the microsecond: which database a caller's connection
+-- reaches (see Dialect.same_database).
+SELECT applied_at FROM justonce_migrations WHERE version = 1;
+
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue;
 

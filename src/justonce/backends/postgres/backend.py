@@ -486,7 +486,18 @@ class PostgresDialect(Dialect):
             raise InvalidOption(
                 f"conn must be an open psycopg.Connection to this database, not {type(conn).__name__}"
             )
+        if conn.closed:
+            raise InvalidOption("conn is closed")
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            raise InvalidOption("conn's transaction has failed (a statement in it raised): roll "
+                                "it back before using the connection again")
         self._ensure_schema()
+        if id(conn) not in self._own:
+            # (With ?schema=, checked on every call: a search_path set per transaction
+            # can lead a later one to another justonce schema.)
+            self.same_database(conn, f" (with ?schema={self.schema}, the connection's search_path "
+                                     "must find justonce's tables in that schema first)"
+                               if self.schema else "", remember=self.schema is None)
         return conn
 
     @contextmanager

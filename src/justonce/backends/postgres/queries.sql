@@ -341,6 +341,11 @@ SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = %(
 WITH gone AS (DELETE FROM justonce_queue_pauses WHERE queue = %(queue)s RETURNING queue)
 SELECT queue, pg_notify(%(channel)s, queue) FROM gone
 
+-- name: database_mark
+-- When the first migration ran, to the microsecond: which database a caller's connection
+-- reaches (see Dialect.same_database).
+SELECT applied_at FROM justonce_migrations WHERE version = 1;
+
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue
 

@@ -290,7 +290,12 @@ class SQLiteDialect(Dialect):
             raise InvalidOption(
                 f"conn must be an open sqlite3.Connection to this database, not {type(conn).__name__}"
             )
+        try:
+            conn.in_transaction  # noqa: B018 - raises on a closed connection
+        except sqlite3.ProgrammingError:
+            raise InvalidOption("conn is closed") from None
         self._ensure_schema()
+        self.same_database(conn)
         return conn
 
     def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:

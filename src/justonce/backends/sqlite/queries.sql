@@ -203,6 +203,11 @@ SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = :q
 -- Resume :queue (no row: it was not paused). Idle workers see the commit (data_version).
 DELETE FROM justonce_queue_pauses WHERE queue = :queue RETURNING queue
 
+-- name: database_mark
+-- When the first migration ran, to the microsecond: which database a caller's connection
+-- reaches (see Dialect.same_database).
+SELECT applied_at FROM justonce_migrations WHERE version = 1;
+
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue
 
