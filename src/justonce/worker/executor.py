@@ -50,7 +50,7 @@ class AsyncRunner:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 threading.Thread(
-                    target=loop.run_forever, name="justonce-async", daemon=True
+                    target=_serve, args=(loop,), name="justonce-async", daemon=True
                 ).start()
                 self._loop = loop
             return self._loop
@@ -82,6 +82,33 @@ class AsyncRunner:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """Run the loop until :meth:`AsyncRunner.close`, then end it as ``asyncio.run`` does:
+    the jobs handed over but not reached yet (their futures cancelled by the worker's stop)
+    are closed unstarted, coroutines still running past the grace are cancelled and their
+    cleanup runs, and the loop's own sockets are closed (a worker started and stopped
+    in a long-lived process used to leave its loop and an unawaited coroutine behind)."""
+    try:
+        loop.run_forever()
+        left = asyncio.all_tasks(loop)
+        for t in left:
+            t.cancel()
+        # Once more round the loop: the hand-overs still queued make their tasks, which
+        # see their futures cancelled; then everything ends.
+        loop.run_until_complete(asyncio.sleep(0))
+        left = asyncio.all_tasks(loop)
+        for t in left:
+            t.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    except Exception:  # noqa: BLE001 - user code that will not end; the thread is a daemon
+        pass
+    finally:
+        if not loop.is_running():
+            loop.close()
 
 
 class NotStarted(Exception):
