@@ -66,7 +66,9 @@ def killed_push(db_url: str, tmp_path: Path, *args: str) -> str:
 
 def test_a_worker_killed_mid_chunk_leaves_exactly_its_unsent_users_and_redo_reaches_them_once(
         db_url: str, tmp_path: Path) -> None:
-    out = killed_push(db_url, tmp_path, "--users", "100000", "--workers", "4", "--senders", "4", "--redo")
+    # (60,000 users: a list of ~5,600, well over the A/B phase's 2,000; 200,000 in the long form)
+    out = killed_push(db_url, tmp_path, "--users", "200000" if LONG else "60000", "--workers", "4",
+                      "--senders", "4", "--redo")
     assert re.search(r"4 slot\s+jobs\s+per\s+phase", out)
     listed = number(out, "users in the list (L)")
     in_doubt = number(out, "in doubt after the run (a worker died between sends and done marks)")
