@@ -784,6 +784,13 @@ def test_floats_of_1e16_and_more_come_back_floats_on_every_backend(app: App, wor
     assert out.ran
     _same(out.result)
     _same(app.effects.get("floats", "k").result)
+    # The limits are on the JSON as Python writes it (1e200 is 6 bytes there, 202 written
+    # out): 88 KB of arguments fit the 256 KiB, whatever they grow to on the way in.
+    wide = app.enqueue("echo", [[1e200] * 11_000], {"more": []})
+    assert app.get_job(wide.id).args == [[1e200] * 11_000]
+    from justonce.validate import result_json
+
+    assert result_json([1.2e300] * 300)[1] is None
 
 
 def _another_justonce_database(db_url: str, stack: Any) -> str:
@@ -822,7 +829,7 @@ def test_conn_to_another_database_a_closed_one_or_a_failed_transaction_is_refuse
                      lambda c: tapp.enqueue_many([Enqueue("add", args=(1, 2))], conn=c),
                      lambda c: tapp.effects.run("conn", "k", lambda idem: 1, conn=c),
                      lambda c: tapp.batches.open("b", conn=c)):
-            with pytest.raises(InvalidOption, match="another justonce database"):
+            with pytest.raises(InvalidOption, match="another (justonce )?database"):
                 call(other)
             other.rollback()
         check = App(other_url, strict=False)
@@ -856,3 +863,75 @@ def test_conn_to_another_database_a_closed_one_or_a_failed_transaction_is_refuse
         good.commit()
         assert tapp.get_job(job.id).args == [3, 4]
         assert sum(c.count for c in tapp.queue_counts()) == 2 and tapp.get_job(mine.id).args == [0, 0]
+
+
+def test_a_refused_conn_leaves_the_callers_postgres_transaction_usable(tapp: App, db_url: str) -> None:
+    """The check of a caller's connection reads nothing that can fail: an error there
+    ended the caller's whole transaction (the README promises a refused call leaves the
+    caller's own writes alone), and a role without SELECT on justonce_migrations (it
+    needs none) was refused."""
+    if not db_url.startswith("postgres"):
+        pytest.skip("Postgres: an error ends the transaction it happens in")
+    import psycopg
+
+    from justonce.backends.postgres.backend import parse_postgres_url
+
+    conninfo, schema, _ = parse_postgres_url(db_url)
+    with psycopg.connect(conninfo) as c:  # search_path without the App's schema
+        c.execute("CREATE TEMP TABLE mine (n int)")
+        c.execute("INSERT INTO mine VALUES (1)")
+        for call in (lambda: tapp.enqueue("add", [1, 2], conn=c),
+                     lambda: tapp.batches.open("b", conn=c),
+                     lambda: tapp.effects.run("conn", "k", lambda idem: 1, conn=c)):
+            with pytest.raises(InvalidOption, match="does not see justonce's tables"):
+                call()
+            assert c.execute("SELECT n FROM mine").fetchall() == [(1,)]
+    role = f"jo_least_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        try:
+            admin.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+            tables = [r[0] for r in admin.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename <> "
+                "'justonce_migrations'", (schema,))]
+            admin.execute(f"GRANT ALL ON {', '.join(f'{schema}.{t}' for t in tables)} TO {role}")
+            admin.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO {role}")
+            least = conninfo.replace("postgres@", f"{role}@", 1) if "postgres@" in conninfo \
+                else f"{conninfo} user={role}"
+            with psycopg.connect(least, options=f"-c search_path={schema}") as c:
+                job = tapp.enqueue("add", [5, 6], conn=c)
+                c.commit()
+            assert tapp.get_job(job.id).args == [5, 6]
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
+def test_the_sqlite_check_of_a_callers_connection_takes_no_snapshot(tapp: App, db_url: str) -> None:
+    """In a deferred transaction that has not written yet, a read before the first write
+    pins a snapshot: another process committing in between made that write fail at once
+    ("database is locked", no busy wait). The check reads which file the connection is
+    on without reading the file."""
+    if not db_url.startswith("sqlite"):
+        pytest.skip("SQLite's snapshots")
+    from justonce.backends.sqlite.backend import parse_sqlite_url
+
+    path = parse_sqlite_url(db_url)[0]
+    caller = sqlite3.connect(path, isolation_level=None)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("CREATE TABLE IF NOT EXISTS beside (n integer)")
+    fired: list[str] = []
+
+    def commit_beside(statement: str) -> None:  # just before justonce's first write
+        if not fired and "justonce_jobs" in statement and statement.lstrip().upper().startswith("INSERT"):
+            fired.append(statement)
+            other.execute("INSERT INTO beside VALUES (1)")
+
+    caller.execute("BEGIN")
+    caller.set_trace_callback(commit_beside)
+    job = tapp.enqueue("add", [1, 2], conn=caller)
+    caller.set_trace_callback(None)
+    caller.execute("COMMIT")
+    assert fired and tapp.get_job(job.id).state is JobState.READY
+    caller.close()
+    other.close()

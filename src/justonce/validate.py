@@ -146,9 +146,9 @@ def optional_key(value: Any, what: str = "key") -> str | None:
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
-# A JSON string, or a number Python wrote with a positive exponent (repr of a float of
-# 1e16 or more: always a whole number).
-_STRING_OR_BIG_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?e\+\d+)')
+# A JSON string (unrolled: no backtracking per character), or a number Python wrote with
+# a positive exponent (the repr of a float of 1e16 or more: always a whole number).
+_STRING_OR_BIG_FLOAT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?\d+(?:\.\d+)?e\+\d+)')
 
 
 def _whole_float(m: re.Match[str]) -> str:
@@ -156,21 +156,30 @@ def _whole_float(m: re.Match[str]) -> str:
     return m.group() if big is None else f"{int(float(big))}.0"
 
 
-def json_text(value: Any) -> str:
-    """JSON text of a value, every float written so that each database gives back a float:
-    Postgres' jsonb keeps a number's value, not its spelling, and writes ``1e+16`` back as
-    ``10000000000000000``, which reads as an int. Such floats (1e16 and more, all whole
-    numbers) are written out in digits with ``.0``, which every backend reads as the same
-    float; the check costs one scan of the text for "e+"."""
-    text = _ENCODER.encode(value)
-    if "e+" in text:
-        text = _STRING_OR_BIG_FLOAT.sub(_whole_float, text)
+def keep_floats(text: str) -> str:
+    """JSON text (as this module encodes it) with every float written so that each
+    database gives back a float: Postgres' jsonb keeps a number's value, not its spelling,
+    and writes ``1e+16`` back as ``10000000000000000``, which reads as an int. Such floats
+    (1e16 and more, all whole numbers) are written out in digits with ``.0``, which every
+    backend reads as the same float. Sizes and depths are checked on the text before
+    this (1e300 grows from 6 bytes to 302: the limits stay what they were). Text with no
+    digit before an "e+" is left as it is."""
+    at = text.find("e+")
+    while at > 0:
+        if text[at - 1].isdigit():  # (else an "e+" in a string: some+one@example.com)
+            return _STRING_OR_BIG_FLOAT.sub(_whole_float, text)
+        at = text.find("e+", at + 2)
     return text
+
+
+def json_text(value: Any) -> str:
+    """:func:`keep_floats` of a value's JSON text."""
+    return keep_floats(_ENCODER.encode(value))
 
 
 def _dumps(value: Any, what: str) -> str:
     try:
-        return json_text(value)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArguments(f"{what} are not JSON-serialisable: {exc}") from None
 
@@ -256,7 +265,7 @@ def arguments(args: Any, kwargs: Any) -> tuple[str, str]:
         raise PayloadTooLarge(
             f"job arguments are {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
         )
-    return args_json, kwargs_json
+    return keep_floats(args_json), keep_floats(kwargs_json)
 
 
 def call_list(calls: Any) -> list[Any]:
@@ -288,8 +297,8 @@ def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
                 f"not {type(call).__name__}"
             )
     try:
-        args_doc = json_text(args_list)
-        kwargs_doc = json_text(kwargs_list)
+        args_doc = _ENCODER.encode(args_list)
+        kwargs_doc = _ENCODER.encode(kwargs_list)
     except (TypeError, ValueError, RecursionError):
         args_doc = kwargs_doc = ""
     if not args_doc or not _storable(args_doc) or not _storable(kwargs_doc) or (
@@ -300,7 +309,7 @@ def batch_arguments(calls: Sequence[Any]) -> tuple[str, str]:
             arguments(a, k)
         if not args_doc:  # pragma: no cover - a job above must have raised
             raise InvalidArguments("arguments are not JSON-serialisable")
-    return args_doc, kwargs_doc
+    return keep_floats(args_doc), keep_floats(kwargs_doc)
 
 
 _EMPTY: dict[str, Any] = {}
@@ -311,7 +320,7 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
     if value is None:
         return None, None
     try:
-        text = json_text(value)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         return None, f"result dropped: not JSON-serialisable ({type(exc).__name__}: {exc})"
     if not _storable(text):
@@ -321,7 +330,7 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
     size = len(text.encode())
     if size > MAX_RESULT_BYTES:
         return None, f"result dropped: {size} bytes over the {MAX_RESULT_BYTES} limit"
-    return text, None
+    return keep_floats(text), None
 
 
 def _number(value: Any, what: str) -> float:

@@ -141,36 +141,46 @@ class Dialect:
         raise NotImplementedError
 
     # -- the caller's connection ----------------------------------------------------------------
-    _mark: list[Any] | None = None
+    _mark: Any = None
     _checked: weakref.WeakKeyDictionary[Any, bool] | None = None
 
     def same_database(self, c: Any, hint: str = "", remember: bool = False) -> None:
         """Refuse (InvalidOption) a caller's connection (``conn=``) that does not reach this
         backend's tables: another database, or another justonce database, whose jobs, ids
         and effects are not this App's (a job enqueued there came back with an id naming
-        another job here). The mark is when the first migration ran, to the microsecond:
-        two databases share it only when one is a copy of the other. One indexed read on
-        the caller's connection; ``remember``: once per connection object (a round trip
-        per call cost a third of a Postgres enqueue on the caller's connection), where
-        what the connection reaches cannot change between calls as a search_path set per
-        transaction does."""
+        another job here). Each dialect says what marks its database (``database_mark``),
+        read so that it needs no privilege beyond justonce's tables, cannot fail (on
+        Postgres an error would end the caller's transaction) and opens no snapshot (on
+        SQLite a read before the first write can make that write fail at once).
+        ``remember``: once per connection object (a round trip per call cost a third of a
+        Postgres enqueue on the caller's connection), where what the connection reaches
+        cannot change between calls as a search_path set per transaction does."""
         if remember and self._checked is not None and self._checked.get(c):
             return
         if self._mark is None:
-            self._mark = [tuple(r) for r in self.read("database_mark", {})]
-        try:
-            theirs = [tuple(r) for r in self.rows(c, "database_mark", {})]
-        except Exception as exc:  # noqa: BLE001 - the driver's own error for a missing table
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise InvalidOption(f"conn does not reach this App's database: justonce's tables are "
-                                f"not there ({first}){hint}") from None
-        if theirs != self._mark:
-            raise InvalidOption("conn is a connection to another justonce database than this "
-                                f"App's (its jobs, ids and effects are not this App's){hint}")
+            self._mark = self.own_mark()
+        refusal = self.other_database(self._mark, self.database_mark(c))
+        if refusal:
+            raise InvalidOption(f"conn {refusal}{hint}")
         if remember:
             if self._checked is None:
                 self._checked = weakref.WeakKeyDictionary()
             self._checked[c] = True
+
+    def database_mark(self, c: Any) -> Any:
+        """What tells this database apart, as connection ``c`` sees it."""
+        raise NotImplementedError
+
+    def own_mark(self) -> Any:
+        """The mark as this backend's own connections see it."""
+        return self.on(None, self.database_mark)
+
+    def other_database(self, mine: Any, theirs: Any) -> str | None:
+        """Why a connection whose mark is ``theirs`` does not reach this database, or None."""
+        if theirs != mine:
+            return ("is a connection to another justonce database than this App's (its jobs, "
+                    "ids and effects are not this App's)")
+        return None
 
     # -- transactions -------------------------------------------------------------------------
     def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:

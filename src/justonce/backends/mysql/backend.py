@@ -100,6 +100,7 @@ KIND = {s: "select" if _SELECT.match(s) else "write" if _WRITE.match(s) else "ot
 """Each statement's kind, found once when the queries load (not per run)."""
 
 DEADLOCK = 1213
+NO_SUCH_TABLE, NO_DATABASE, SELECT_DENIED = 1146, 1046, 1142
 LOCK_WAIT = 1205
 DUPLICATE = 1062
 JSON_TOO_DEEP = 4040
@@ -564,6 +565,24 @@ class MySQLDialect(Dialect):
         with self._connection() as c:
             return self._retry_deadlock(lambda: fn(c))
 
+    def database_mark(self, c: pymysql.Connection) -> Any:
+        try:
+            rows = self.rows(c, "database_mark", {})
+        except pymysql.err.MySQLError as exc:
+            if _code(exc) in (NO_SUCH_TABLE, NO_DATABASE):
+                return None
+            if _code(exc) == SELECT_DENIED:
+                raise InvalidOption(
+                    "conn's user may not read justonce_migrations: grant it SELECT there (conn= "
+                    "is checked to reach this App's database)") from None
+            raise
+        return int(rows[0][0]) if rows else None
+
+    def other_database(self, mine: Any, theirs: Any) -> str | None:
+        if theirs is None:
+            return "does not reach justonce's tables (no justonce_migrations in its database)"
+        return super().other_database(mine, theirs)
+
     def _caller_connection(self, conn: Any) -> pymysql.Connection:
         if not isinstance(conn, pymysql.connections.Connection):
             raise InvalidOption(
@@ -571,7 +590,7 @@ class MySQLDialect(Dialect):
             )
         if not conn.open:
             raise InvalidOption("conn is closed")
-        if conn.charset != "utf8mb4":
+        if conn.charset.lower() != "utf8mb4":
             # (latin1 or utf8mb3 cannot carry every argument, result or key: 4-byte UTF-8)
             raise InvalidOption(f"conn must be opened with charset='utf8mb4' (PyMySQL's default), "
                                 f"not {conn.charset!r}")

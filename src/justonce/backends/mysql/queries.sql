@@ -360,9 +360,11 @@ SELECT queue FROM justonce_queue_pauses WHERE queue = %(queue)s FOR UPDATE;
 DELETE FROM justonce_queue_pauses WHERE queue IN %(picked)s;
 
 -- name: database_mark
--- When the first migration ran, to the microsecond: which database a caller's connection
--- reaches (see Dialect.same_database).
-SELECT applied_at FROM justonce_migrations WHERE version = 1;
+-- dialect-only: each dialect reads its own mark (Dialect.database_mark)
+-- Which database a connection reaches (Dialect.same_database): when its first migration
+-- ran, to the microsecond, as a number (DATETIME has no time zone; a number reads the
+-- same whatever the connection's converters). The same on a replica.
+SELECT TIMESTAMPDIFF(MICROSECOND, '2000-01-01', applied_at) FROM justonce_migrations WHERE version = 1;
 
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue;

@@ -481,6 +481,18 @@ class PostgresDialect(Dialect):
             with c.transaction():
                 return fn(c)
 
+    def database_mark(self, c: psycopg.Connection) -> Any:
+        return tuple(self.rows(c, "database_mark", {})[0])
+
+    def other_database(self, mine: Any, theirs: Any) -> str | None:
+        database, table, system = theirs
+        if table is None:
+            return "does not see justonce's tables (no justonce_migrations on its search_path)"
+        if (database, table) != mine[:2] or None not in (system, mine[2]) and system != mine[2]:
+            return ("is a connection to another justonce database than this App's (its jobs, "
+                    "ids and effects are not this App's)")
+        return None
+
     def _caller_connection(self, conn: Any) -> psycopg.Connection:
         if not isinstance(conn, psycopg.Connection):
             raise InvalidOption(

@@ -342,9 +342,14 @@ WITH gone AS (DELETE FROM justonce_queue_pauses WHERE queue = %(queue)s RETURNIN
 SELECT queue, pg_notify(%(channel)s, queue) FROM gone
 
 -- name: database_mark
--- When the first migration ran, to the microsecond: which database a caller's connection
--- reaches (see Dialect.same_database).
-SELECT applied_at FROM justonce_migrations WHERE version = 1;
+-- dialect-only: each dialect reads its own mark (Dialect.database_mark)
+-- Which database a connection reaches (Dialect.same_database): the database, the
+-- justonce_migrations its search_path finds (NULL: none), and the cluster's identifier
+-- where the role may read it. Needs no privilege on any table and cannot fail (an error
+-- would end the caller's transaction).
+SELECT current_database(), to_regclass('justonce_migrations')::oid::bigint,
+       CASE WHEN has_function_privilege('pg_control_system()', 'EXECUTE')
+            THEN (SELECT system_identifier FROM pg_control_system()) END;
 
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import sqlite3
 import threading
@@ -105,6 +106,15 @@ def _params(params: dict[str, Any]) -> dict[str, Any]:
     """List parameters as one JSON document each (SQLite has no arrays)."""
     return {k: json.dumps(v, separators=(",", ":")) if isinstance(v, list | tuple) else v
             for k, v in params.items()}
+
+
+def _file_mark(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a database file: which file it is, whatever path names it."""
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_dev, st.st_ino)
 
 
 class SQLiteDialect(Dialect):
@@ -284,6 +294,20 @@ class SQLiteDialect(Dialect):
         if conn is not None:
             return fn(self._caller_connection(conn))
         return self._write(fn)  # every write takes the file's write lock up front
+
+    def database_mark(self, c: sqlite3.Connection) -> Any:
+        files = [r[2] for r in self.rows(c, "database_mark", {}) if r[1] == "main"]
+        return _file_mark(files[0] if files else "")
+
+    def own_mark(self) -> Any:
+        # (The file itself: a connection of ours would wait for the write lock the
+        # caller's transaction may hold.)
+        return _file_mark(self.path)
+
+    def other_database(self, mine: Any, theirs: Any) -> str | None:
+        if theirs != mine:
+            return f"is a connection to another database file than this App's ({self.path})"
+        return None
 
     def _caller_connection(self, conn: Any) -> sqlite3.Connection:
         if not isinstance(conn, sqlite3.Connection):

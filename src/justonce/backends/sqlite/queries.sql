@@ -204,9 +204,10 @@ SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = :q
 DELETE FROM justonce_queue_pauses WHERE queue = :queue RETURNING queue
 
 -- name: database_mark
--- When the first migration ran, to the microsecond: which database a caller's connection
--- reaches (see Dialect.same_database).
-SELECT applied_at FROM justonce_migrations WHERE version = 1;
+-- dialect-only: each dialect reads its own mark (Dialect.database_mark)
+-- Which file a connection reaches (Dialect.same_database): no read of the file itself,
+-- so no snapshot taken before the caller's first write.
+PRAGMA database_list;
 
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue
