@@ -935,3 +935,37 @@ def test_the_sqlite_check_of_a_callers_connection_takes_no_snapshot(tapp: App, d
     assert fired and tapp.get_job(job.id).state is JobState.READY
     caller.close()
     other.close()
+
+
+@pytest.mark.postgres
+def test_postgres_without_a_schema_checks_a_conn_once_and_still_refuses_another_database() -> None:
+    """Without ?schema= the check is made once per connection object (remembered weakly):
+    the connection keeps working, and one to another justonce database is still refused."""
+    import psycopg
+
+    from conftest import postgres_or_skip
+
+    server = postgres_or_skip().split("?")[0]
+    base = server.rsplit("/", 1)[0]
+    names = [f"jo_remember_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    with psycopg.connect(server, autocommit=True) as admin:
+        for n in names:
+            admin.execute(f"CREATE DATABASE {n}")
+    try:
+        mine, theirs = (App(f"{base}/{n}", strict=False) for n in names)
+        for a in (mine, theirs):
+            a.migrate()
+        with psycopg.connect(f"{base}/{names[0]}") as c, psycopg.connect(f"{base}/{names[1]}") as o:
+            ids = [mine.enqueue("t", [i], conn=c).id for i in range(3)]
+            c.commit()
+            assert [mine.get_job(i).args for i in ids] == [[0], [1], [2]]
+            with pytest.raises(InvalidOption, match="another justonce database"):
+                mine.enqueue("t", [9], conn=o)
+            with pytest.raises(InvalidOption, match="another justonce database"):
+                mine.enqueue("t", [9], conn=o)  # (not remembered as good)
+        for a in (mine, theirs):
+            a.close()
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            for n in names:
+                admin.execute(f"DROP DATABASE IF EXISTS {n} WITH (FORCE)")
