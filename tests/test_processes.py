@@ -579,3 +579,31 @@ def test_stopped_worker_then_app_close_exits_cleanly_no_thread_outlives_run(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exit status {proc.returncode}:\n{out[-3000:]}"
     assert "Traceback" not in out and "failed" not in out, out[-3000:]
+
+
+@pytest.mark.parametrize("order", ["term_while_stopped", "term_right_after_cont"])
+def test_a_worker_sent_sigterm_while_stopped_or_just_resumed_still_stops(
+        app: App, db_url: str, fleet: Fleet, order: str) -> None:
+    """SIGTERM to a stopped worker, or within a few ms of its SIGCONT, went to one of its
+    other threads: Python ran its handler only on the main thread, which waited on an
+    Event and never ran, so the worker never stopped (hung until a second signal; seen on
+    every backend, most runs with 8 busy slots). It must stop within its grace."""
+    app.enqueue_many([Enqueue(proc_app.slow_record, args=(n, 0.05)) for n in range(400)]
+                     + [Enqueue(proc_app.async_record, args=(1000 + n, 0.02)) for n in range(200)])
+    for round_ in range(2):
+        w = fleet.start(concurrency=8, grace=2.0)
+        wait_for(lambda w=w: len(w.events("job.succeeded")) >= 5, 30, "the worker to get going")
+        w.signal(signal.SIGSTOP)
+        time.sleep(0.3)
+        if order == "term_while_stopped":
+            w.signal(signal.SIGTERM)
+            w.signal(signal.SIGCONT)
+        else:
+            w.signal(signal.SIGCONT)
+            w.signal(signal.SIGTERM)
+        try:
+            w.popen.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"round {round_}: the worker did not stop 15 s after SIGTERM "
+                        f"({order}):\n{w.tail()}")
+        assert w.events("worker.stopped"), w.tail()

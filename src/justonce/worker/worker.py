@@ -98,6 +98,15 @@ class WorkerStats:
     extra: dict[str, int] = field(default_factory=dict)
 
 
+_WAKEUP = -1
+"""(The key of the wakeup fd the worker replaced, among the signal handlers it restores.)"""
+
+
+def _noted(signum: int, frame: Any) -> None:
+    """The Python-level handler of SIGTERM / SIGINT: nothing to do, the C-level handler
+    already wrote the signal's byte to the worker's wakeup pipe."""
+
+
 class Worker:
     """Runs the jobs of ``queues`` from ``app``'s database.
 
@@ -245,7 +254,10 @@ class Worker:
             self._shutdown()
         finally:
             for sig, old in handlers.items():
-                signal.signal(sig, old)
+                if sig == _WAKEUP:
+                    signal.set_wakeup_fd(old)
+                else:
+                    signal.signal(sig, old)
             if wake is not None:  # the pipe's write end: the relay thread reads EOF and stops
                 os.close(wake)
             self._done.set()
@@ -275,26 +287,28 @@ class Worker:
     # -- threads -----------------------------------------------------------------------
     def _install_signals(self) -> tuple[dict[int, Any], int | None]:
         """SIGTERM / SIGINT: the first asks for a graceful stop, a second stops at once.
-        The handler only writes a byte to a pipe; a thread of ours reads it and acts. A
-        handler runs on the main thread between any two of its steps, maybe while that
-        thread holds a lock (an Event's, the worker's own): acting there, a second signal
-        close behind the first took that lock again and hung the process for good."""
+
+        The signal's byte reaches a pipe from the C-level handler (``set_wakeup_fd``),
+        whichever thread the kernel gave the signal to, and a thread of ours reads it and
+        acts. Python runs its own handlers only on the main thread, when that thread runs:
+        a SIGTERM sent to a stopped worker (or right after its SIGCONT) goes to another
+        thread, and the main thread, waiting on an Event, never ran the handler: the
+        worker never stopped (reproduced on every backend). Nor does the relay act in a
+        handler: one runs between any two steps of the main thread, maybe while it holds
+        a lock, and a second signal close behind the first took that lock again."""
         if threading.current_thread() is not threading.main_thread():
             return {}, None
         r, w = os.pipe()
         os.set_blocking(w, False)
+        stops = {int(signal.SIGTERM), int(signal.SIGINT)}
         old: dict[int, Any] = {}
-
-        def on_signal(signum: int, frame: Any) -> None:
-            try:
-                os.write(w, b"s")
-            except OSError:  # (full, or closed while stopping: enough signals are on their way)
-                pass
 
         def relay() -> None:
             try:
                 while got := os.read(r, 64):
-                    self._on_signals(len(got))
+                    # (bytes of other signals a handler of the application's own caught)
+                    if n := sum(1 for b in got if b in stops):
+                        self._on_signals(n)
             except OSError:
                 pass
             finally:
@@ -302,7 +316,8 @@ class Worker:
 
         threading.Thread(target=relay, name="justonce-signals", daemon=True).start()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, on_signal)
+            old[sig] = signal.signal(sig, _noted)  # (the byte is the wakeup fd's)
+        old[_WAKEUP] = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         return old, w
 
     def _on_signals(self, count: int) -> None:
