@@ -8,6 +8,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -938,34 +939,85 @@ def test_the_sqlite_check_of_a_callers_connection_takes_no_snapshot(tapp: App, d
 
 
 @pytest.mark.postgres
-def test_postgres_without_a_schema_checks_a_conn_once_and_still_refuses_another_database() -> None:
-    """Without ?schema= the check is made once per connection object (remembered weakly):
-    the connection keeps working, and one to another justonce database is still refused."""
+def test_a_conn_moved_to_another_install_after_a_good_call_is_refused() -> None:
+    """The check is made on every call: a connection checked once and then moved by its
+    own ``SET search_path`` (Postgres) or ``USE`` (MySQL) to another justonce install was
+    taken when the check was remembered per connection, and the job written there."""
     import psycopg
 
     from conftest import postgres_or_skip
 
     server = postgres_or_skip().split("?")[0]
     base = server.rsplit("/", 1)[0]
-    names = [f"jo_remember_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    name = f"jo_moved_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server, autocommit=True) as admin:
-        for n in names:
-            admin.execute(f"CREATE DATABASE {n}")
+        admin.execute(f"CREATE DATABASE {name}")
     try:
-        mine, theirs = (App(f"{base}/{n}", strict=False) for n in names)
-        for a in (mine, theirs):
+        mine = App(f"{base}/{name}", strict=False)  # (no ?schema=: public)
+        other = App(f"{base}/{name}?schema=other", strict=False)
+        for a in (mine, other):
             a.migrate()
-        with psycopg.connect(f"{base}/{names[0]}") as c, psycopg.connect(f"{base}/{names[1]}") as o:
-            ids = [mine.enqueue("t", [i], conn=c).id for i in range(3)]
+        with psycopg.connect(f"{base}/{name}") as c:
+            ids = [mine.enqueue("t", [i], conn=c).id for i in range(2)]
             c.commit()
-            assert [mine.get_job(i).args for i in ids] == [[0], [1], [2]]
+            assert [mine.get_job(i).args for i in ids] == [[0], [1]]
+            c.execute("SET search_path = other")
+            c.commit()
             with pytest.raises(InvalidOption, match="another justonce database"):
-                mine.enqueue("t", [9], conn=o)
-            with pytest.raises(InvalidOption, match="another justonce database"):
-                mine.enqueue("t", [9], conn=o)  # (not remembered as good)
-        for a in (mine, theirs):
+                mine.enqueue("t", [9], conn=c)
+        assert other.queue_counts() == []
+        for a in (mine, other):
             a.close()
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
-            for n in names:
-                admin.execute(f"DROP DATABASE IF EXISTS {n} WITH (FORCE)")
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.mark.mysql
+def test_a_mysql_conn_moved_by_use_to_another_install_is_refused() -> None:
+    from conftest import mysql_database, mysql_or_skip
+
+    server = mysql_or_skip()
+    with mysql_database(server) as url_a, mysql_database(server) as url_b:
+        mine, other = App(url_a, strict=False), App(url_b, strict=False)
+        for a in (mine, other):
+            a.migrate()
+        c = _own_connection(url_a)
+        try:
+            job = mine.enqueue("t", [1], conn=c)
+            c.commit()
+            assert mine.get_job(job.id).args == [1]
+            c.select_db(url_b.rsplit("/", 1)[1].split("?")[0])
+            with pytest.raises(InvalidOption, match="another justonce database"):
+                mine.enqueue("t", [9], conn=c)
+            c.rollback()
+        finally:
+            c.close()
+        assert other.queue_counts() == []
+        for a in (mine, other):
+            a.close()
+
+
+def test_a_relative_sqlite_path_names_one_file_whatever_the_directory_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative URL is resolved when the App opens it: after a chdir (daemons chdir to
+    /) a connection the App opened later went to another file, and conn= to the App's
+    own file was refused as another one."""
+    monkeypatch.chdir(tmp_path)
+    app = App("sqlite:///rel.db", strict=False)
+    app.migrate()
+    first = app.enqueue("t", [1])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    conn = sqlite3.connect(tmp_path / "rel.db")
+    job = app.enqueue("t", [2], conn=conn)
+    conn.commit()
+    conn.close()
+    seen: list[object] = []
+    t = threading.Thread(target=lambda: seen.append(app.get_job(job.id).args))  # a new connection
+    t.start()
+    t.join()
+    assert seen == [[2]] and app.get_job(first.id).args == [1]
+    assert not (elsewhere / "rel.db").exists()
+    app.close()

@@ -607,3 +607,54 @@ def test_a_worker_sent_sigterm_while_stopped_or_just_resumed_still_stops(
             pytest.fail(f"round {round_}: the worker did not stop 15 s after SIGTERM "
                         f"({order}):\n{w.tail()}")
         assert w.events("worker.stopped"), w.tail()
+
+
+EMBEDDER = """
+import os, signal, sys, time
+from pathlib import Path
+from justonce import App, Worker
+
+here = Path(sys.argv[2])
+got = here / "usr1"
+r, w = os.pipe()
+os.set_blocking(w, False)
+signal.set_wakeup_fd(w)  # the application's own
+signal.signal(signal.SIGUSR1, lambda s, f: got.write_text(str(time.time())))
+app = App(sys.argv[1], strict=False)
+(here / "ready").write_text("")
+Worker(app, concurrency=4, poll=0.2).run()
+assert signal.set_wakeup_fd(-1) == w, "the worker did not put back the application's wakeup fd"
+os.set_blocking(r, False)
+(here / "bytes").write_bytes(os.read(r, 64))
+"""
+
+
+def test_an_embedding_programs_own_signal_handler_and_wakeup_fd_keep_working(tmp_path: Path) -> None:
+    """Worker.run() on the main thread of a program with its own SIGUSR1 handler and
+    wakeup fd: a SIGUSR1 sent while the process is stopped is handled soon after SIGCONT
+    (the main thread waited on an Event with no timeout: it ran only at the stop), its
+    byte reaches the program's own wakeup fd, which is put back at the end. (Signals are
+    the process's, not the database's: one backend.)"""
+    db_url = f"sqlite:///{tmp_path / 'embed.db'}"
+    App(db_url).migrate()
+    script = tmp_path / "embed.py"
+    script.write_text(EMBEDDER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(proc_app.__file__).parent),
+                                                                    os.environ.get("PYTHONPATH")])))
+    p = subprocess.Popen([sys.executable, str(script), db_url, str(tmp_path)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (tmp_path / "ready").exists(), 30, "the program to start")
+        time.sleep(1.0)
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        os.kill(p.pid, signal.SIGUSR1)
+        os.kill(p.pid, signal.SIGCONT)
+        wait_for(lambda: (tmp_path / "usr1").exists(), 5, "the program's SIGUSR1 handler")
+        os.kill(p.pid, signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out.decode(errors="replace")[-3000:]
+    assert bytes([int(signal.SIGUSR1)]) in (tmp_path / "bytes").read_bytes()

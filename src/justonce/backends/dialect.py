@@ -15,7 +15,6 @@ is listed in its ``DIALECT_ONLY``.
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -142,30 +141,23 @@ class Dialect:
 
     # -- the caller's connection ----------------------------------------------------------------
     _mark: Any = None
-    _checked: weakref.WeakKeyDictionary[Any, bool] | None = None
 
-    def same_database(self, c: Any, hint: str = "", remember: bool = False) -> None:
+    def same_database(self, c: Any, hint: str = "") -> None:
         """Refuse (InvalidOption) a caller's connection (``conn=``) that does not reach this
         backend's tables: another database, or another justonce database, whose jobs, ids
         and effects are not this App's (a job enqueued there came back with an id naming
         another job here). Each dialect says what marks its database (``database_mark``),
         read so that it needs no privilege beyond justonce's tables, cannot fail (on
         Postgres an error would end the caller's transaction) and opens no snapshot (on
-        SQLite a read before the first write can make that write fail at once).
-        ``remember``: once per connection object (a round trip per call cost a third of a
-        Postgres enqueue on the caller's connection), where what the connection reaches
-        cannot change between calls as a search_path set per transaction does."""
-        if remember and self._checked is not None and self._checked.get(c):
-            return
+        SQLite a read before the first write can make that write fail at once). Read on
+        every call: a connection's ``USE`` or ``SET search_path`` moves it to another
+        database between two calls (remembering a connection checked once let those
+        through)."""
         if self._mark is None:
             self._mark = self.own_mark()
         refusal = self.other_database(self._mark, self.database_mark(c))
         if refusal:
             raise InvalidOption(f"conn {refusal}{hint}")
-        if remember:
-            if self._checked is None:
-                self._checked = weakref.WeakKeyDictionary()
-            self._checked[c] = True
 
     def database_mark(self, c: Any) -> Any:
         """What tells this database apart, as connection ``c`` sees it."""

@@ -17,6 +17,7 @@ that is rejected means the lease was lost, and is logged.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import math
 import os
@@ -250,10 +251,14 @@ class Worker:
             self._start_threads()
             emit(Event.WORKER_STARTED, "worker started", owner=self.owner, queues=self.queues,
                  concurrency=self.concurrency, backend=self.backend.name)
-            self._stop_requested.wait()
+            # In steps: the main thread runs the application's own Python signal handlers,
+            # and only when it runs (a signal another thread took while the process was
+            # stopped waited for the stop otherwise).
+            while not self._stop_requested.wait(0.5):
+                pass
             self._shutdown()
         finally:
-            for sig, old in handlers.items():
+            for sig, old in reversed(handlers.items()):  # (the handlers, then the fd)
                 if sig == _WAKEUP:
                     signal.set_wakeup_fd(old)
                 else:
@@ -301,14 +306,21 @@ class Worker:
         r, w = os.pipe()
         os.set_blocking(w, False)
         stops = {int(signal.SIGTERM), int(signal.SIGINT)}
-        old: dict[int, Any] = {}
+        # The wakeup fd first, then the handlers: a signal between the two would reach the
+        # old fd and a handler that does nothing, and be lost.
+        old: dict[int, Any] = {_WAKEUP: signal.set_wakeup_fd(w, warn_on_full_buffer=False)}
+        theirs = old[_WAKEUP]
 
         def relay() -> None:
             try:
                 while got := os.read(r, 64):
-                    # (bytes of other signals a handler of the application's own caught)
                     if n := sum(1 for b in got if b in stops):
                         self._on_signals(n)
+                    other = bytes(b for b in got if b not in stops)
+                    if other and theirs >= 0:
+                        # (the application's own handled signals: its wakeup fd gets them)
+                        with contextlib.suppress(OSError):
+                            os.write(theirs, other)
             except OSError:
                 pass
             finally:
@@ -317,7 +329,6 @@ class Worker:
         threading.Thread(target=relay, name="justonce-signals", daemon=True).start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             old[sig] = signal.signal(sig, _noted)  # (the byte is the wakeup fd's)
-        old[_WAKEUP] = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         return old, w
 
     def _on_signals(self, count: int) -> None:

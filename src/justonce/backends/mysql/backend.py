@@ -595,7 +595,7 @@ class MySQLDialect(Dialect):
             raise InvalidOption(f"conn must be opened with charset='utf8mb4' (PyMySQL's default), "
                                 f"not {conn.charset!r}")
         self._ensure_schema()
-        self.same_database(conn, remember=True)
+        self.same_database(conn)
         return conn
 
     @staticmethod

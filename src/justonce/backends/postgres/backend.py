@@ -505,11 +505,9 @@ class PostgresDialect(Dialect):
                                 "it back before using the connection again")
         self._ensure_schema()
         if id(conn) not in self._own:
-            # (With ?schema=, checked on every call: a search_path set per transaction
-            # can lead a later one to another justonce schema.)
             self.same_database(conn, f" (with ?schema={self.schema}, the connection's search_path "
                                      "must find justonce's tables in that schema first)"
-                               if self.schema else "", remember=self.schema is None)
+                               if self.schema else "")
         return conn
 
     @contextmanager

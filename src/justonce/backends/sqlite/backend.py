@@ -129,7 +129,9 @@ class SQLiteDialect(Dialect):
         self.latest = LATEST
         self.auto_migrate = True  # the embedded file migrates itself
         path, options = parse_sqlite_url(url)
-        self.path = path
+        # Absolute from the start: a connection opened later (a new thread's) after the
+        # process changed its directory (daemons chdir to /) would open another file.
+        self.path = os.path.abspath(os.path.expanduser(path))
         sync = options.pop("synchronous", "FULL").upper()
         if sync not in SYNCHRONOUS:
             raise ConfigurationError(
