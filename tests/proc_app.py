@@ -166,6 +166,26 @@ def record(n: int) -> int:
     return n
 
 
+def _linger() -> None:
+    time.sleep(30)
+
+
+@app.task
+def fork_and_terminate() -> int | None:
+    """Fork a child (multiprocessing's fork, the default on Linux), terminate it: its exit
+    code (-15 when SIGTERM ended it)."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(target=_linger)
+    child.start()
+    time.sleep(0.3)
+    child.terminate()
+    child.join(20)
+    if child.exitcode is None:
+        child.kill()
+    return child.exitcode
+
+
 @app.task
 def slow_record(n: int, seconds: float) -> int:
     _write(n, "start")

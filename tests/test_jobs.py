@@ -1021,3 +1021,21 @@ def test_a_relative_sqlite_path_names_one_file_whatever_the_directory_later(
     assert seen == [[2]] and app.get_job(first.id).args == [1]
     assert not (elsewhere / "rel.db").exists()
     app.close()
+
+
+def test_a_sqlite_path_through_a_symlink_and_dotdot_names_the_file_the_kernel_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made absolute by joining, not normalising: "link/../jobs.db" with link -> real/sub
+    is real/jobs.db (as sqlite3 and the kernel read it), not ./jobs.db."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real" / "sub")
+    monkeypatch.chdir(tmp_path)
+    app = App("sqlite:///link/../jobs.db", strict=False)
+    app.migrate()
+    app.enqueue("t", [1])
+    assert (tmp_path / "real" / "jobs.db").exists() and not (tmp_path / "jobs.db").exists()
+    conn = sqlite3.connect("link/../jobs.db")
+    app.enqueue("t", [2], conn=conn)
+    conn.commit()
+    conn.close()
+    app.close()

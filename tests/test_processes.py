@@ -27,6 +27,7 @@ from fleet import (
     LEASE,
     Fleet,
     error_kinds,
+    fleet_on,
     ledger,
     proc_app_on,
     running_jobs_of,
@@ -658,3 +659,21 @@ def test_an_embedding_programs_own_signal_handler_and_wakeup_fd_keep_working(tmp
             p.kill()
     assert p.returncode == 0, out.decode(errors="replace")[-3000:]
     assert bytes([int(signal.SIGUSR1)]) in (tmp_path / "bytes").read_bytes()
+
+
+def test_a_child_a_job_forks_answers_sigterm_itself_and_leaves_the_worker_running(tmp_path: Path) -> None:
+    """A forked child inherited the worker's wakeup fd and its do-nothing handlers: a
+    SIGTERM to the child (terminate()) stopped the parent worker and the child ignored
+    it. (Signals are the process's, not the database's: one backend.)"""
+    db_url = f"sqlite:///{tmp_path / 'fork.db'}"
+    app = App(db_url)
+    app.migrate()
+    with fleet_on(db_url, tmp_path) as fleet:
+        w = fleet.start(concurrency=2)
+        job = app.enqueue(proc_app.fork_and_terminate)
+        done = app.wait(job.id, 60)
+        assert done.state == "succeeded" and done.result == -signal.SIGTERM, done
+        after = app.enqueue(proc_app.noop)
+        assert app.wait(after.id, 30).state == "succeeded"
+        assert w.popen.poll() is None and not w.events("worker.stopped"), w.tail()
+    app.close()

@@ -108,6 +108,34 @@ def _noted(signum: int, frame: Any) -> None:
     already wrote the signal's byte to the worker's wakeup pipe."""
 
 
+_FORK_STATE: dict[str, Any] = {}
+"""What a Worker.run() on the main thread replaced (``saved``) and its pipe's write end,
+while it runs."""
+
+
+def _after_fork_in_child() -> None:
+    """A process a job forks (multiprocessing's default on Linux, os.fork) inherits the
+    worker's wakeup fd and its do-nothing handlers: a SIGTERM to the child (terminate(),
+    a Pool's exit, systemd's whole control group, a terminal's Ctrl-C) wrote its byte to
+    the parent's pipe and stopped the parent worker, and the child ignored it. The child
+    gets the handlers and wakeup fd the worker found back."""
+    state = dict(_FORK_STATE)
+    _FORK_STATE.clear()
+    if not state:
+        return
+    for sig, old in state["saved"].items():
+        with contextlib.suppress(ValueError, OSError):
+            if sig == _WAKEUP:
+                signal.set_wakeup_fd(old)
+            else:
+                signal.signal(sig, old)
+    with contextlib.suppress(OSError):
+        os.close(state["write"])
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Worker:
     """Runs the jobs of ``queues`` from ``app``'s database.
 
@@ -246,8 +274,10 @@ class Worker:
     # -- public control ----------------------------------------------------------------
     def run(self) -> None:
         """Run until :meth:`stop` (or SIGTERM / SIGINT when called on the main thread)."""
-        handlers, wake = self._install_signals()
+        saved: dict[int, Any] = {}
+        pipe: dict[str, Any] = {}
         try:
+            self._install_signals(saved, pipe)
             self._start_threads()
             emit(Event.WORKER_STARTED, "worker started", owner=self.owner, queues=self.queues,
                  concurrency=self.concurrency, backend=self.backend.name)
@@ -258,14 +288,21 @@ class Worker:
                 pass
             self._shutdown()
         finally:
-            for sig, old in reversed(handlers.items()):  # (the handlers, then the fd)
-                if sig == _WAKEUP:
-                    signal.set_wakeup_fd(old)
-                else:
-                    signal.signal(sig, old)
-            if wake is not None:  # the pipe's write end: the relay thread reads EOF and stops
-                os.close(wake)
-            self._done.set()
+            try:
+                # The fd first (a signal after it reaches the application's own), then the
+                # handlers; each put back even if another cannot be (a closed fd).
+                for sig, old in saved.items():
+                    with contextlib.suppress(ValueError, OSError):
+                        if sig == _WAKEUP:
+                            signal.set_wakeup_fd(old)
+                        else:
+                            signal.signal(sig, old)
+            finally:
+                _FORK_STATE.clear()
+                if "write" in pipe:  # the write end: the relay thread reads EOF and stops
+                    pipe["ending"] = True
+                    os.close(pipe["write"])
+                self._done.set()
 
     def start(self) -> Worker:
         """Run in a background thread (for embedding and tests); returns self."""
@@ -290,8 +327,11 @@ class Worker:
         return self._running
 
     # -- threads -----------------------------------------------------------------------
-    def _install_signals(self) -> tuple[dict[int, Any], int | None]:
+    def _install_signals(self, saved: dict[int, Any], pipe: dict[str, Any]) -> None:
         """SIGTERM / SIGINT: the first asks for a graceful stop, a second stops at once.
+        ``saved`` gets what was replaced (the wakeup fd first), step by step, so that
+        run() puts back whatever was changed even if a signal interrupts this; ``pipe``
+        gets the pipe's write end (``write``), and ``ending`` once run() is ending.
 
         The signal's byte reaches a pipe from the C-level handler (``set_wakeup_fd``),
         whichever thread the kernel gave the signal to, and a thread of ours reads it and
@@ -300,20 +340,23 @@ class Worker:
         thread, and the main thread, waiting on an Event, never ran the handler: the
         worker never stopped (reproduced on every backend). Nor does the relay act in a
         handler: one runs between any two steps of the main thread, maybe while it holds
-        a lock, and a second signal close behind the first took that lock again."""
+        a lock, and a second signal close behind the first took that lock again. A child
+        a job forks gets its handlers and wakeup fd back (see _after_fork_in_child)."""
         if threading.current_thread() is not threading.main_thread():
-            return {}, None
+            return
         r, w = os.pipe()
         os.set_blocking(w, False)
         stops = {int(signal.SIGTERM), int(signal.SIGINT)}
         # The wakeup fd first, then the handlers: a signal between the two would reach the
         # old fd and a handler that does nothing, and be lost.
-        old: dict[int, Any] = {_WAKEUP: signal.set_wakeup_fd(w, warn_on_full_buffer=False)}
-        theirs = old[_WAKEUP]
+        saved[_WAKEUP] = theirs = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        pipe.update(write=w, ending=False)
 
         def relay() -> None:
             try:
                 while got := os.read(r, 64):
+                    if pipe["ending"]:
+                        continue  # (run() is ending: its fd and handlers are going back)
                     if n := sum(1 for b in got if b in stops):
                         self._on_signals(n)
                     other = bytes(b for b in got if b not in stops)
@@ -327,9 +370,9 @@ class Worker:
                 os.close(r)  # (here, not by run(): no read of a number reused meanwhile)
 
         threading.Thread(target=relay, name="justonce-signals", daemon=True).start()
+        _FORK_STATE.update(saved=saved, write=w)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, _noted)  # (the byte is the wakeup fd's)
-        return old, w
+            saved[sig] = signal.signal(sig, _noted)  # (the byte is the wakeup fd's)
 
     def _on_signals(self, count: int) -> None:
         for _ in range(count):

@@ -8,6 +8,7 @@ retry covers SQLITE_BUSY beyond the busy timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -129,9 +130,13 @@ class SQLiteDialect(Dialect):
         self.latest = LATEST
         self.auto_migrate = True  # the embedded file migrates itself
         path, options = parse_sqlite_url(url)
+        self.path = path
         # Absolute from the start: a connection opened later (a new thread's) after the
         # process changed its directory (daemons chdir to /) would open another file.
-        self.path = os.path.abspath(os.path.expanduser(path))
+        # Joined, not normalised: "link/../jobs.db" goes through the link, as the kernel
+        # (and sqlite3) read it.
+        with contextlib.suppress(OSError):  # (a working directory deleted: left as given)
+            self.path = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
         sync = options.pop("synchronous", "FULL").upper()
         if sync not in SYNCHRONOUS:
             raise ConfigurationError(
