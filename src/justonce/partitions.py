@@ -140,10 +140,11 @@ def n_from_env(n: int | None) -> int:
     if raw is None:
         raise ConfigurationError(f"give n, or set ${ENV_N} to the number of slots")
     # Plain digits, as --partitions SET:N takes them: int() reads "4_0" as 40 and "٤" as 4.
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+    n = validate.plain_int(raw)
+    if n is None:
         raise ConfigurationError(f"${ENV_N} must be a whole number in plain digits, not "
                                  f"{validate.shown(raw)}")
-    return slots(int(raw))
+    return slots(n)
 
 
 class PartitionLease:

@@ -123,14 +123,21 @@ def _after_fork_in_child() -> None:
     _FORK_STATE.clear()
     if not state:
         return
-    for sig, old in state["saved"].items():
+    _put_back(state["saved"])
+    with contextlib.suppress(OSError):
+        os.close(state["write"])
+
+
+def _put_back(saved: dict[int, Any]) -> None:
+    """Put back what _install_signals replaced, in the order it was replaced (the wakeup
+    fd first: a signal after it reaches the application's own), each even if another
+    cannot be (a closed fd)."""
+    for sig, old in saved.items():
         with contextlib.suppress(ValueError, OSError):
             if sig == _WAKEUP:
                 signal.set_wakeup_fd(old)
             else:
                 signal.signal(sig, old)
-    with contextlib.suppress(OSError):
-        os.close(state["write"])
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -289,14 +296,7 @@ class Worker:
             self._shutdown()
         finally:
             try:
-                # The fd first (a signal after it reaches the application's own), then the
-                # handlers; each put back even if another cannot be (a closed fd).
-                for sig, old in saved.items():
-                    with contextlib.suppress(ValueError, OSError):
-                        if sig == _WAKEUP:
-                            signal.set_wakeup_fd(old)
-                        else:
-                            signal.signal(sig, old)
+                _put_back(saved)
             finally:
                 _FORK_STATE.clear()
                 if "write" in pipe:  # the write end: the relay thread reads EOF and stops
@@ -761,7 +761,7 @@ class Worker:
             if not (h.slot is not None and h.slot.abandoned) and h.started is not None:
                 self._running = max(0, self._running - 1)
             self._cond.notify_all()
-        if h.started is None or not h.code_started:
+        if not h.code_started:  # (set only after the slot took it: started too)
             self._release([h.job], refund=True)
         else:
             self._interrupt([h.job], "the worker's bookkeeping failed while it ran")
@@ -1063,8 +1063,8 @@ class Worker:
                 h.future.cancel()
         # (started by a slot but not in its code: an async job that waited for the event
         # loop all through the grace is unstarted too)
-        self._release([h.job for h in leftovers if h.started is None or not h.code_started], refund=True)
-        still_running = [h.job for h in leftovers if h.started is not None and h.code_started]
+        self._release([h.job for h in leftovers if not h.code_started], refund=True)
+        still_running = [h.job for h in leftovers if h.code_started]
         if still_running:
             emit(Event.WORKER_RELEASED, "grace period over: giving back running jobs",
                  jobs=[j.id for j in still_running])

@@ -30,7 +30,7 @@ from ...errors import (
     LockTimeout,
     SchemaError,
 )
-from ...validate import shown
+from ...validate import plain_int, shown
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..store import Store
@@ -145,10 +145,11 @@ class SQLiteDialect(Dialect):
         self.synchronous = sync
         busy = options.pop("busy_timeout", "30000")
         # Plain digits: a negative or nan wait was no wait at all, and inf waited forever.
-        if not (busy.isascii() and busy.isdigit()) or not 0 <= int(busy) <= 86_400_000:
+        ms = plain_int(busy, zero=True)
+        if ms is None or ms > 86_400_000:
             raise ConfigurationError(f"busy_timeout in {shown(url)} must be milliseconds, "
                                      f"0 to 86400000 (a day), not {shown(busy)}")
-        self.busy_timeout = int(busy) / 1000.0
+        self.busy_timeout = ms / 1000.0
         if options:
             raise ConfigurationError(f"unknown SQLite URL options {sorted(options)} in {shown(url)}")
         parent = Path(path).expanduser().resolve().parent
