@@ -465,12 +465,14 @@ def test_idle_batches_expire_and_refuse_acks_and_finished_ones_are_removed(
     waiting = app.batches.open(expire_after=0.2)  # sealed: it waits for its items, however long
     waiting.add(2)
     waiting.seal()
-    busy = app.batches.open(expire_after=0.2)
+    # busy idles out after 1 s; acking it every 0.15 s for 1.2 s keeps it open. The margin
+    # is wide so that a loaded machine does not expire it between the two prunes below.
+    busy = app.batches.open(expire_after=1.0)
     busy_ids = busy.add(100).item_ids()
     finished = app.batches.open()
     finished.seal()
-    for i in range(6):  # keep one batch active by acking it
-        time.sleep(0.05)
+    for i in range(8):
+        time.sleep(0.15)
         app.batches.ack(busy_ids[i])
     report = app.batches.prune(retention=3600)
     assert (report.expired, report.removed) == (1, 0)
@@ -484,8 +486,10 @@ def test_idle_batches_expire_and_refuse_acks_and_finished_ones_are_removed(
     with pytest.raises(BatchExpired):
         idle.seal()
     assert idle.info().acked == 0 and callbacks(app) == []
+    app.batches.ack(busy_ids[8])  # busy is still in use
     report = app.batches.prune(retention=0)
-    assert report.removed == 2  # the expired one and the completed one
+    assert (report.expired, report.removed) == (0, 2)  # the expired one and the completed one
+    assert busy.info().state is BatchState.OPEN
     with pytest.raises(BatchNotFound):
         idle.info()
     with pytest.raises(BatchNotFound):
