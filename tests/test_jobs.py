@@ -998,6 +998,35 @@ def test_a_mysql_conn_moved_by_use_to_another_install_is_refused() -> None:
             a.close()
 
 
+@pytest.mark.mysql
+def test_a_mysql_conn_whose_snapshot_predates_the_tables_gets_a_clear_refusal() -> None:
+    """A REPEATABLE READ transaction that read anything before justonce's tables were made
+    cannot read them (MySQL error 1412); the call said so in the server's raw words. It
+    is refused with what to do, and the caller's transaction stays usable."""
+    from conftest import mysql_database, mysql_or_skip
+
+    server = mysql_or_skip()
+    with mysql_database(server) as url:
+        c = _own_connection(url)
+        try:
+            with c.cursor() as cur:
+                cur.execute("CREATE TABLE mine (x INT)")
+                cur.execute("BEGIN")
+                cur.execute("SELECT * FROM mine")  # the snapshot starts here
+                app = App(url, strict=False)
+                app.migrate()
+                with pytest.raises(InvalidOption, match="began before justonce's tables"):
+                    app.enqueue("t", [1], conn=c)
+                cur.execute("INSERT INTO mine VALUES (1)")
+                c.commit()
+                job = app.enqueue("t", [2], conn=c)
+                c.commit()
+            assert app.get_job(job.id).args == [2] and sum(q.count for q in app.queue_counts()) == 1
+            app.close()
+        finally:
+            c.close()
+
+
 def test_a_relative_sqlite_path_names_one_file_whatever_the_directory_later(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative URL is resolved when the App opens it: after a chdir (daemons chdir to

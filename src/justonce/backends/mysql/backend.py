@@ -101,6 +101,7 @@ KIND = {s: "select" if _SELECT.match(s) else "write" if _WRITE.match(s) else "ot
 
 DEADLOCK = 1213
 NO_SUCH_TABLE, NO_DATABASE, SELECT_DENIED = 1146, 1046, 1142
+TABLE_DEF_CHANGED = 1412  # a snapshot older than the table it reads
 LOCK_WAIT = 1205
 DUPLICATE = 1062
 JSON_TOO_DEEP = 4040
@@ -575,6 +576,11 @@ class MySQLDialect(Dialect):
                 raise InvalidOption(
                     "conn's user may not read justonce_migrations: grant it SELECT there (conn= "
                     "is checked to reach this App's database)") from None
+            if _code(exc) == TABLE_DEF_CHANGED:
+                raise InvalidOption(
+                    "conn's transaction began before justonce's tables were made or migrated "
+                    "(its snapshot cannot read them): commit or roll it back, then call again"
+                ) from None
             raise
         return int(rows[0][0]) if rows else None
 
