@@ -1027,6 +1027,41 @@ def test_a_mysql_conn_whose_snapshot_predates_the_tables_gets_a_clear_refusal() 
             c.close()
 
 
+@pytest.mark.postgres
+def test_a_database_made_again_under_a_live_app_is_taken_as_its_own() -> None:
+    """The App remembered what its database looked like; once the tables were dropped and
+    migrated again under it, every conn= call was refused as another justonce database
+    until the process restarted. A refusal now reads the App's own mark again first."""
+    import psycopg
+
+    from conftest import postgres_or_skip
+
+    server = postgres_or_skip().split("?")[0]
+    base = server.rsplit("/", 1)[0]
+    name = f"jo_again_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        app = App(f"{base}/{name}", strict=False)
+        app.migrate()
+        with psycopg.connect(f"{base}/{name}") as c:
+            app.enqueue("t", [1], conn=c)
+            c.commit()
+            c.execute("DROP SCHEMA public CASCADE")
+            c.execute("CREATE SCHEMA public")
+            c.commit()
+            again = App(f"{base}/{name}", strict=False)
+            again.migrate()
+            again.close()
+            job = app.enqueue("t", [2], conn=c)
+            c.commit()
+        assert app.get_job(job.id).args == [2]
+        app.close()
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 def test_a_relative_sqlite_path_names_one_file_whatever_the_directory_later(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A relative URL is resolved when the App opens it: after a chdir (daemons chdir to

@@ -153,9 +153,13 @@ class Dialect:
         every call: a connection's ``USE`` or ``SET search_path`` moves it to another
         database between two calls (remembering a connection checked once let those
         through)."""
-        if self._mark is None:
+        theirs = self.database_mark(c)
+        refusal = self._mark is None or self.other_database(self._mark, theirs)
+        if refusal:
+            # Read our own mark again before refusing: the database may have been made
+            # again (dropped and migrated) under this App since the mark was remembered.
             self._mark = self.own_mark()
-        refusal = self.other_database(self._mark, self.database_mark(c))
+            refusal = self.other_database(self._mark, theirs)
         if refusal:
             raise InvalidOption(f"conn {refusal}{hint}")
 
