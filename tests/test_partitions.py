@@ -500,6 +500,44 @@ def test_a_claim_takes_nothing_for_an_expired_slot_even_before_anyone_takes_it(a
     assert claimed.id == job.id and claimed.partition_hash == 1
 
 
+def test_a_renewal_that_waited_past_the_expiry_for_the_slots_row_is_refused(
+        app: App, db_url: str) -> None:
+    """The renewal waits for the slot's row while the holder's own fenced transaction holds
+    it; the lease expires meanwhile. The expiry used to be tested by the clock of before
+    the wait (MySQL's statement start; Postgres does not re-check a row that was only
+    locked), and the spent token was renewed."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite: a renewal waits for the file before its statements run")
+    import threading
+
+    sleep = "SELECT pg_sleep(%s)" if db_url.startswith("postgres") else "SELECT SLEEP(%s)"
+    lease = app.partitions.try_acquire("waited", 1, lease=1.0)
+    assert lease is not None
+    outcome: list[Any] = []
+
+    def renew() -> None:
+        try:
+            outcome.append(lease.renew())
+        except LeaseLost as exc:
+            outcome.append(exc)
+
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        with proc_app._Tx(conn) as c:
+            lease.fence(c)
+            c.execute(sleep % 0.6)  # busy, not idle: the fence's idle guard stays out of it
+            waiting = threading.Thread(target=renew)
+            waiting.start()
+            c.execute(sleep % 0.8)  # the lease expires while the renewal waits
+        waiting.join()
+    finally:
+        conn.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], LeaseLost), outcome
+    assert lease.lost
+    again = app.partitions.try_acquire("waited", 1, lease=30)
+    assert again is not None and again.token == lease.token + 1
+
+
 def test_a_fence_on_an_expired_lease_is_refused(app: App, db_url: str) -> None:
     lease = app.partitions.try_acquire("fenced", 1, lease=0.2)
     assert lease is not None

@@ -167,8 +167,10 @@ class BatchOps:
         # Two transactions, each in the lock order of acks (chunks before batches): the
         # removal deletes chunks first; the expiry touches batch rows only.
         def remove(c: Any) -> int:
-            old = [{"id": r[0]} for r in
-                   self.d.rows(c, "batches_old", {"retention": retention, "limit": limit})]
+            # Chosen oldest first, deleted in id order: the order in which an ack that
+            # spans batches locks them (a late ack of a finished batch's item is possible).
+            old = [{"id": i} for i in sorted(
+                r[0] for r in self.d.rows(c, "batches_old", {"retention": retention, "limit": limit}))]
             for name in ("batch_delete_chunks", "batch_delete_failures", "batch_delete"):
                 self.d.many(c, name, old)
             return len(old)

@@ -56,7 +56,18 @@ class LeaseOps:
 
     def lease_renew(self, set_name: str, slot: int, token: int, lease: float) -> datetime | None:
         params = {"set": set_name, "slot": slot, "token": token, "lease": lease}
-        rows = self.d.locked_tx(None, self.LOCK_WAIT, lambda c: self.d.rows(c, "lease_renew", params))
+
+        def run(c: Any) -> list[Any]:
+            # Lock first, then test the expiry in a statement of its own: a test made in
+            # the statement that waited for the row is made by the clock of before the wait
+            # (MySQL's NOW() is the statement's start; Postgres re-checks a row only if it
+            # changed, not if it was merely locked), so a renewal that waited behind the
+            # holder's fenced transaction revived a lease that had expired meanwhile.
+            if not self.d.rows(c, "lease_hold", params):
+                return []
+            return self.d.rows(c, "lease_renew", params)
+
+        rows = self.d.locked_tx(None, self.LOCK_WAIT, run)
         return self.d.time(rows[0][0]) if rows else None
 
     def lease_release(self, set_name: str, slot: int, token: int) -> bool:

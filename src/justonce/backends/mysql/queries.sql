@@ -677,6 +677,15 @@ UPDATE justonce_partition_leases
 SELECT slot, token, expires_at FROM justonce_partition_leases
  WHERE set_name = %(set)s AND slot IN %(picked)s;
 
+-- name: lease_hold
+-- The slot's row locked for a renewal (LeaseStore.lease_renew), if the lease looked live
+-- when the statement began (NOW() is the statement's start, not the end of a lock wait);
+-- lease_renew then tests the expiry again, after any wait here.
+SELECT slot FROM justonce_partition_leases
+ WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
+   AND expires_at > NOW(6)
+   FOR UPDATE;
+
 -- name: lease_renew
 -- Only a live lease is renewed: once it has expired by the database's clock its token is
 -- spent (a standby may be taking the slot right now), and the holder must acquire anew.

@@ -721,6 +721,14 @@ UPDATE justonce_partition_leases l
                     FOR UPDATE SKIP LOCKED)
 RETURNING l.slot, l.token, l.expires_at
 
+-- name: lease_hold
+-- The slot's row locked for a renewal (LeaseStore.lease_renew), if the lease looked live
+-- when the statement began; lease_renew then tests the expiry again, after any wait here.
+SELECT slot FROM justonce_partition_leases
+ WHERE set_name = %(set)s AND slot = %(slot)s AND token = %(token)s AND owner IS NOT NULL
+   AND expires_at > clock_timestamp()
+   FOR UPDATE
+
 -- name: lease_renew
 -- Only a live lease is renewed: once it has expired by the database's clock its token is
 -- spent (a standby may be taking the slot right now), and the holder must acquire anew.

@@ -387,6 +387,13 @@ UPDATE justonce_partition_leases
                 LIMIT 1)
 RETURNING slot, token, expires_at
 
+-- name: lease_hold
+-- (see the PostgreSQL twin: SQLite's write transaction already holds the file, so this
+-- only reads whether the lease looked live)
+SELECT slot FROM justonce_partition_leases
+ WHERE set_name = :set AND slot = :slot AND token = :token AND owner IS NOT NULL
+   AND expires_at > NOW()
+
 -- name: lease_renew
 -- Only a live lease is renewed (see the PostgreSQL twin).
 UPDATE justonce_partition_leases SET expires_at = NOW() + :lease, renewed_at = NOW()
