@@ -414,6 +414,54 @@ def test_bulk_enqueue_stores_each_calls_arguments_exactly_whatever_their_shape(a
             assert list(job.kwargs) == list(want[1])  # key order kept
 
 
+def test_a_bulk_enqueue_bigger_than_one_statement_keeps_every_call_in_order(app: App) -> None:
+    """100 calls of ~250 KiB each (every one under the payload limit): ~25 MB, more than
+    MariaDB's default max_allowed_packet (16 MiB). The one INSERT was refused (1153, a raw
+    driver error) or answered by the server closing the connection (DatabaseUnavailable,
+    on every retry); it is now cut into statements under the limit, in one transaction."""
+    @app.task(name="big")
+    def big(*args: object, **kwargs: object) -> None:
+        return None
+
+    pad = "x" * (250 * 1024)
+    for calls in ([(pad, i) for i in range(100)],            # positional only
+                  [{"pad": pad, "i": i} for i in range(100)],  # keyword only
+                  [(pad, i) if i % 2 else {"pad": pad, "i": i} for i in range(100)]):
+        ids = big.enqueue_many(calls)
+        assert len(set(ids)) == 100 and ids == sorted(ids)
+        for i in (0, 1, 49, 50, 63, 64, 99):
+            job = app.get_job(ids[i])
+            want = (list(calls[i]), {}) if isinstance(calls[i], tuple) else ([], calls[i])
+            assert (job.args, job.kwargs) == want
+    batch = app.batches.open()
+    group, ids = batch.enqueue_calls("big", [(pad, i) for i in range(100)])
+    assert [app.get_job(j).batch_item for j in (ids[0], ids[64], ids[99])] == [
+        group.item_ids()[0], group.item_ids()[64], group.item_ids()[99]]
+
+
+@pytest.mark.mysql
+def test_mysql_cuts_a_bulk_enqueue_at_any_statement_size_and_refuses_one_too_big_call(
+        app: App, db_url: str) -> None:
+    if not db_url.startswith("mysql"):
+        pytest.skip("MySQL's max_allowed_packet")
+    app.task(name="t")(lambda *a: None)
+    app.backend.d.statement_bytes = 40_000  # as if max_allowed_packet were ~100 KB
+    calls = [(f"{i}:" + "é" * (1000 + 37 * i), i) for i in range(200)]
+    for consecutive in (True, False):  # (False: innodb_autoinc_lock_mode 2, a row at a time)
+        app.backend.d.consecutive_ids = consecutive
+        batch = app.batches.open()
+        group, ids = batch.enqueue_calls("t", calls)
+        assert len(set(ids)) == 200 and ids == sorted(ids)
+        for i in range(200):
+            job = app.get_job(ids[i])
+            assert job.args == list(calls[i]) and job.batch_item == group.item_ids()[i]
+    app.backend.d.consecutive_ids = True
+    counts = sum(q.count for q in app.queue_counts())
+    with pytest.raises(InvalidOption, match="max_allowed_packet"):
+        app.enqueue_calls("t", [("a", 1), ("b" * 50_000, 2)])
+    assert sum(q.count for q in app.queue_counts()) == counts  # nothing of the call written
+
+
 def test_concurrent_bulk_enqueues_of_the_same_keys_in_opposite_orders_do_not_deadlock(
     db_url: str,
 ) -> None:

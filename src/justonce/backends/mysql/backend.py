@@ -43,7 +43,7 @@ from ...errors import (
     SchemaError,
 )
 from ...models import NewJob
-from ...validate import shown
+from ...validate import json_text, shown
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..liststore import ListOps
@@ -102,6 +102,7 @@ KIND = {s: "select" if _SELECT.match(s) else "write" if _WRITE.match(s) else "ot
 DEADLOCK = 1213
 NO_SUCH_TABLE, NO_DATABASE, SELECT_DENIED = 1146, 1046, 1142
 TABLE_DEF_CHANGED = 1412  # a snapshot older than the table it reads
+PACKET_TOO_LARGE = 1153  # a statement over max_allowed_packet; the server closes the session
 LOCK_WAIT = 1205
 DUPLICATE = 1062
 JSON_TOO_DEEP = 4040
@@ -295,6 +296,7 @@ class MySQLDialect(Dialect):
         self.mariadb = True
         self.consecutive_ids = True
         """Multi-row inserts draw consecutive ids (innodb_autoinc_lock_mode 0 or 1)."""
+        self.statement_bytes = 16 * 1024 * 1024 - 65536  # (read from the server at first use)
 
     # -- connections ------------------------------------------------------------------------------
     def _new_connection(self) -> pymysql.Connection:
@@ -345,10 +347,15 @@ class MySQLDialect(Dialect):
                 if self._pool is None:
                     conn = self._new_connection()
                     with conn.cursor() as cur:
-                        cur.execute("SELECT VERSION(), @@innodb_autoinc_lock_mode")
-                        version, mode = cur.fetchone()
+                        cur.execute("SELECT VERSION(), @@innodb_autoinc_lock_mode, "
+                                    "@@max_allowed_packet")
+                        version, mode, packet = cur.fetchone()
                     self.mariadb = "mariadb" in str(version).lower()
                     self.consecutive_ids = int(mode) < 2
+                    # A bulk insert is cut into statements under this many bytes: one
+                    # statement over max_allowed_packet is refused (1153) or, far over,
+                    # answered by the server closing the connection.
+                    self.statement_bytes = max(int(packet) - 65536, int(packet) // 2)
                     pool = _Pool(self._new_connection, self.pool_size, self.connect_timeout)
                     pool._idle.put(conn)
                     self._pool = pool
@@ -370,6 +377,10 @@ class MySQLDialect(Dialect):
                 raise LockTimeout(f"MySQL: {exc.args[-1]}") from exc
             if code == DEADLOCK:  # still a deadlock victim after DEADLOCK_RETRIES runs
                 raise DatabaseUnavailable(f"MySQL: {exc.args[-1]}") from exc
+            if code == PACKET_TOO_LARGE:  # the input's fault, not the server's: no retry helps
+                broken = True
+                raise InvalidOption("MySQL refused a statement larger than its "
+                                    "max_allowed_packet: send less in one call") from exc
             # PyMySQL raises OperationalError for every server error it has no class for
             # (a failed CHECK, say): only a lost connection or a client error (2xxx) means
             # the connection is unusable.
@@ -617,6 +628,14 @@ class MySQLDialect(Dialect):
             cur.execute("COMMIT")
         return result
 
+    def _atomic(self, c: pymysql.Connection, fn: Callable[[Any], T]) -> T:
+        """``fn(c)`` in the transaction ``c`` is in (or one of ours about to begin), else
+        in one of its own: for operations that take several statements on a connection in
+        autocommit mode, where each statement would commit on its own."""
+        if id(c) in self._begin or self._in_transaction(c):
+            return fn(c)
+        return self._caller_autocommit_tx(c, fn)
+
     @staticmethod
     def _in_transaction(c: pymysql.Connection) -> bool:
         return bool(c.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS) or not c.get_autocommit()
@@ -828,13 +847,17 @@ class MySQLDialect(Dialect):
             # innodb_autoinc_lock_mode = 2 (MySQL 8's default) interleaves the ids of
             # concurrent multi-row inserts: one row at a time, each with its own id.
             prefix = params.get("item_prefix")
-            out = []
-            for i, (a, k) in enumerate(zip(json.loads(args_doc), json.loads(kwargs_doc),
-                                           strict=True)):
-                row = {**params, "args": json.dumps(a), "kwargs": json.dumps(k), "key": None,
-                       "batch_item": None if prefix is None else f"{prefix}{i}"}
-                out.append(int(self._run(c, "job_insert", row)[0][0]))
-            return out
+
+            def one_by_one(c: pymysql.Connection) -> list[int]:
+                out = []
+                for i, (a, k) in enumerate(zip(json.loads(args_doc), json.loads(kwargs_doc),
+                                               strict=True)):
+                    row = {**params, "args": json_text(a), "kwargs": json_text(k), "key": None,
+                           "batch_item": None if prefix is None else f"{prefix}{i}"}
+                    out.append(int(self._run(c, "job_insert", row)[0][0]))
+                return out
+
+            return self._atomic(c, one_by_one)
         if self.mariadb:
             ids = self._insert_doc(c, params, args_doc, kwargs_doc)
             if ids is not None:
@@ -868,11 +891,39 @@ class MySQLDialect(Dialect):
                 return empty.setdefault("{}", literal({}))
             return literal(value)
 
-        rows = ",".join(
+        rows = [
             f"{parts[0]}{literal(a)}{parts[1]}{kwargs_literal(k)}{parts[2]}"
             f"{'NULL' if prefix is None else repr_item(i)}{parts[3]}"
-            for i, (a, k) in enumerate(zip(args, kwargs, strict=True)))
-        return _consecutive(self._run(c, "job_insert_values", params, splice=rows), len(args))
+            for i, (a, k) in enumerate(zip(args, kwargs, strict=True))]
+        sizes = [len(r) if r.isascii() else len(r.encode()) for r in rows]
+        budget = self.statement_bytes
+        if sum(sizes) + len(sizes) <= budget:  # (the common case: one statement)
+            return _consecutive(self._run(c, "job_insert_values", params,
+                                          splice=",".join(rows)), len(rows))
+        # Cut into statements under the server's packet limit, in one transaction: each
+        # draws consecutive ids, in order.
+        pieces: list[tuple[int, int]] = []
+        at = 0
+        while at < len(rows):
+            end, size = at, 0
+            while end < len(rows) and (end == at or size + sizes[end] + 1 <= budget):
+                size += sizes[end] + 1
+                end += 1
+            if size > budget:
+                raise InvalidOption(
+                    f"job {at} of this call is {size:,} bytes as SQL, more than the MySQL "
+                    f"server takes in one statement (max_allowed_packet)")
+            pieces.append((at, end))
+            at = end
+
+        def cut(c: pymysql.Connection) -> list[int]:
+            out: list[int] = []
+            for at, end in pieces:
+                out += _consecutive(self._run(c, "job_insert_values", params,
+                                              splice=",".join(rows[at:end])), end - at)
+            return out
+
+        return self._atomic(c, cut)
 
     def _insert_doc(self, c: pymysql.Connection, params: dict[str, Any], args_doc: str,
                     kwargs_doc: str) -> list[int] | None:
@@ -889,6 +940,8 @@ class MySQLDialect(Dialect):
             return None
         if len(json.loads(doc)) != n:
             raise InvalidOption("args and kwargs lists differ in length")
+        if 2 * len(doc) * (1 if doc.isascii() else 4) > self.statement_bytes:
+            return None  # (escaped, it may not fit one statement: job_insert_values cuts)
         try:
             got = self._run(c, "job_insert_doc", {**params, **fixed, "doc": doc})
         except pymysql.err.MySQLError as exc:
