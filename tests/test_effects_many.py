@@ -157,14 +157,15 @@ def test_a_key_failing_with_a_long_or_unprintable_error_fails_alone_on_every_bac
 
 
 def late_chunk_beside(app: App, redo_keys: list[int]) -> tuple[Any, Any]:
-    """A run_many over charge 1-3 (at least once, 0.3 s lease) whose first fn call outlives
+    """A run_many over charge 1-3 (at least once, 0.3 s lease) whose last fn call (key 3:
+    no fn starts past the lease, so a chunk can only be late in its last call) outlives
     the lease, and, while it hangs, another run_many that redoes ``redo_keys``: (the late
     chunk's outcome, the redo's)."""
     started = threading.Event()
     outcomes: dict[str, Any] = {}
 
     def slow(idem: str) -> str:
-        if not started.is_set():
+        if idem.endswith(":3"):
             started.set()
             time.sleep(0.8)  # the chunk outlives its 0.3 s lease
         return "late"
@@ -306,7 +307,7 @@ def test_an_operators_verdict_on_an_entry_of_a_chunk_in_doubt_overtakes_its_late
     outcomes: dict[str, Any] = {}
 
     def slow(idem: str) -> str:
-        if not started.is_set():
+        if idem.endswith(":3"):  # (the last: no fn starts past the lease)
             started.set()
             assert resolved.wait(30)
         return "late"
@@ -705,6 +706,89 @@ def test_kill_9_inside_fn_leaves_exactly_its_chunks_unmarked_keys_in_doubt(
         assert app.effects.counts("kill") == {"done": 400}
 
 
+def test_a_process_woken_after_an_operator_redid_its_chunk_starts_none_of_it(
+    app: App, db_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """At most once, one chunk of 40, 1 s lease: the holder is SIGSTOPped on its 5th
+    effect. Its chunk goes in doubt; the operator resolves the 5 sent as done and the 35
+    not sent as not done, and another caller sends those 35. Woken, the holder used to
+    go on through its chunk and send the 35 again; now it starts no fn past its lease:
+    every key sent exactly once."""
+    keys = list(range(100, 140))
+    results = procs.ctx.Queue()
+    (tmp_path / "victim").mkdir()
+    victim = procs.start(send_many, db_url, "woken", keys, 40, AT_MOST_ONCE, 1.0,
+                         str(tmp_path / "victim"), None, results, stop_at=5)
+    log_file = tmp_path / "victim" / f"{victim.pid}.log"
+    wait_for(lambda: log_file.exists() and len(log_file.read_text().split()) == 5, 60,
+             "the holder to stop on its 5th effect")
+    wait_for(lambda: len(app.effects.in_doubt("woken")) == 40, 10,
+             "the stopped holder's lease to run out")
+    sent = set(log_file.read_text().split())
+    assert app.effects.resolve_many("woken", sent, done=True) == sorted(sent)
+    rest = [str(k) for k in keys if str(k) not in sent]
+    assert app.effects.resolve_many("woken", rest, done=False) == sorted(rest)
+    other: list[str] = []
+    out = app.effects.run_many("woken", keys, lambda idem: other.append(idem.rsplit(":", 1)[1]),
+                               lease=30)
+    assert (out.done, out.skipped["done"]) == (35, 5)
+    os.kill(victim.pid, signal.SIGCONT)
+    victim.join(60)
+    assert victim.exitcode == 0
+    _, v_done, v_skipped, v_failed, v_overtaken, _ = results.get(timeout=10)
+    assert (v_done, v_skipped["done"], v_failed) == (0, 35, 0) and v_overtaken == 5
+    everything = Counter(log_file.read_text().split()) + Counter(other)
+    assert everything == Counter(str(k) for k in keys)  # each exactly once
+    assert app.effects.counts("woken") == {"done": 40}
+
+
+def test_a_chunk_slower_than_its_lease_goes_on_in_smaller_chunks_and_nothing_goes_in_doubt(
+    app: App
+) -> None:
+    """20 keys of 0.1 s each under a 1 s lease: no fn starts in the lease's last fifth; the
+    keys not started are given back with the chunk's finish and claimed again with a fresh
+    lease. (They all ran in one chunk past its lease, in doubt from the first second.)"""
+    calls: list[str] = []
+    doubts: list[int] = []
+
+    def slow(idem: str) -> None:
+        doubts.append(len(app.effects.in_doubt("slow")))
+        calls.append(idem)
+        time.sleep(0.1)
+
+    out = app.effects.run_many("slow", range(20), slow, lease=1.0, chunk=20)
+    assert (out.done, out.late, out.overtaken, dict(out.failed)) == (20, (), (), {})
+    assert out.chunks >= 3 and sorted(Counter(calls).values()) == [1] * 20
+    assert set(doubts) == {0} and app.effects.counts("slow") == {"done": 20}
+    assert "late" not in str(out)
+
+
+def test_run_gives_back_a_claim_whose_lease_ran_out_before_fn_could_start(app: App) -> None:
+    """The process is paused between the claim and fn (here: the claim's lock wait eats the
+    lease): fn must not start on a claim in doubt; the claim is given back and taken anew."""
+    import justonce.effects as effects_module
+
+    real_claim = app.effects.claim
+    slow_claims = [0]
+
+    def claim_then_stall(*args: Any, **kwargs: Any) -> Any:
+        c = real_claim(*args, **kwargs)
+        if slow_claims[0] < 2:
+            slow_claims[0] += 1
+            time.sleep(0.25)  # past the 0.2 s lease's last fifth
+        return c
+
+    app.effects.claim = claim_then_stall  # type: ignore[method-assign]
+    calls: list[str] = []
+    out = app.effects.run("pause", 1, calls.append, lease=0.2)
+    assert (out.ran, out.state, calls) == (True, "done", ["pause:1"]) and slow_claims[0] == 2
+    slow_claims[0] = -1  # three late claims in a row: not run, left claimable
+    out = app.effects.run("pause", 2, calls.append, lease=0.2)
+    assert (out.ran, out.state, calls) == (False, "late", ["pause:1"])
+    assert app.effects.get("pause", 2).state == "pending"
+    assert effects_module.LATE_ROUNDS == 3
+
+
 @pytest.mark.parametrize("policy", [AT_MOST_ONCE, AT_LEAST_ONCE])
 def test_a_process_stopped_inside_fn_past_its_lease_resumes_without_a_second_done_mark(
     app: App, db_url: str, procs: Procs, tmp_path: Path, policy: str
@@ -745,9 +829,12 @@ def test_a_process_stopped_inside_fn_past_its_lease_resumes_without_a_second_don
         sent = Counter(victim_log) + Counter(other)
         assert set(sent.values()) == {1} and set(sent) == {str(k) for k in keys}
     else:
+        # The 30 sent before the stop are overtaken; the 20 not started are not sent
+        # by the resumed process (its lease had run out: given back, then found done).
         assert (out.done, out.redone, out.skipped["done"]) == (300, 50, 100)
         assert Counter(other) == Counter(current) + later
-        assert (v_done, v_skipped["done"], v_failed, v_overtaken) == (100, 250, 0, 50)
-        assert Counter(victim_log) == Counter(str(k) for k in keys[:3 * chunk])
+        assert (v_done, v_skipped["done"], v_failed, v_overtaken) == (100, 270, 0, 30)
+        sent_of_chunk_2 = sorted(current)[:30]  # (a chunk's fn calls go in key order)
+        assert Counter(victim_log) == Counter([str(k) for k in keys[:100]] + sent_of_chunk_2)
     assert app.effects.counts("stop") == {"done": 400}
     assert app.effects.in_doubt("stop") == []

@@ -47,6 +47,15 @@ POLICIES = (AT_MOST_ONCE, AT_LEAST_ONCE)
 MAX_SCOPE = 200
 MAX_CHUNK = 10_000
 """The largest chunk of ``run_many``: one claim statement's key list."""
+LATE_ROUNDS = 3
+"""How many times a claim whose lease ran out before ``fn`` could start is claimed anew."""
+LATE_NOTE = "given back unstarted: the claim's lease had (nearly) run out before fn could start"
+
+
+def _margin(lease: float) -> float:
+    """What is left of a lease when ``fn`` may no longer start: as the worker's jobs, a
+    fifth of the lease, at most 2 s (``fn`` itself must also fit in what remains)."""
+    return min(lease / 5, 2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,9 @@ class EffectOutcome:
     done) or "overtaken" (at least once: ``fn`` outlived its lease and another claim redid
     the effect, whose done mark stands). Otherwise ``state`` says why ``fn`` did not run:
     "done" (before), "running" (another holder is at it now), "in_doubt" (a holder died
-    mid-effect, at most once: left for an operator)."""
+    mid-effect, at most once: left for an operator) or "late" (claimed, but the claim's
+    lease had (nearly) run out before ``fn`` could start, three times in a row: given back
+    unstarted, claimable again)."""
 
     ran: bool
     state: str
@@ -73,8 +84,10 @@ class EffectsOutcome:
     another claim redid the effect: it ran twice). ``redone`` counts the ``done`` keys
     that were in doubt (at least once). ``held`` names the keys skipped as "running":
     another claim had them, and ends done or (if its holder dies) in doubt, so a caller
-    that must see every key settled looks at these again later. ``str()`` is a one-line
-    report."""
+    that must see every key settled looks at these again later. ``late`` names the keys
+    whose ``fn`` never started because their claims' lease had (nearly) run out first,
+    again after being claimed anew (the process paused, or ``fn`` slower than the lease
+    allows): given back unstarted, claimable again. ``str()`` is a one-line report."""
 
     scope: str
     keys: int
@@ -88,6 +101,7 @@ class EffectsOutcome:
     overtaken: tuple[str, ...]
     seconds: float
     held: tuple[str, ...] = ()
+    late: tuple[str, ...] = ()
 
     @property
     def ran(self) -> int:
@@ -103,7 +117,9 @@ class EffectsOutcome:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()) if n) or "none"
         return (f"{self.scope}: {self.keys} keys in {self.chunks} chunks, {self.done} done "
                 f"({self.redone} redone), skipped {skipped}, {len(self.failed)} failed, "
-                f"{len(self.overtaken)} overtaken, {self.seconds:.2f}s "
+                f"{len(self.overtaken)} overtaken, "
+                + (f"{len(self.late)} late, " if self.late else "")
+                + f"{self.seconds:.2f}s "
                 f"({self.per_second:.0f} effects/s)")
 
 
@@ -116,6 +132,7 @@ class _Tally:
     failed: dict[str, str] = field(default_factory=dict)
     overtaken: list[str] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
+    late: list[str] = field(default_factory=list)
 
 
 class EffectClaim:
@@ -191,10 +208,24 @@ class Effects:
         re-raise). ``lease``: how long ``fn`` may take before the claim is in doubt."""
         if not callable(fn):
             raise InvalidOption("fn must be a callable taking the idempotency key")
-        claim = self.claim(scope, key, policy=policy, lease=lease, lock_timeout=lock_timeout,
-                           conn=conn)
-        if not claim.claimed:
-            return EffectOutcome(False, claim.state, claim.idempotency_key)
+        lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
+        for _ in range(LATE_ROUNDS):
+            started = time.monotonic()
+            claim = self.claim(scope, key, policy=policy, lease=lease, lock_timeout=lock_timeout,
+                               conn=conn)
+            if not claim.claimed:
+                return EffectOutcome(False, claim.state, claim.idempotency_key)
+            # fn starts only while the claim's lease (counted from before the claim was
+            # sent, so never later than the database's) has more than a margin left: a
+            # process paused past it finds its entry in doubt, maybe resolved and redone.
+            # (In your transaction nobody else sees the claim until you commit.)
+            if conn is not None or time.monotonic() < started + lease_s - _margin(lease_s):
+                break
+            emit(Event.EFFECT_LATE, "an effect's claim ran out before fn started: given back",
+                 scope=claim.scope, keys=1)
+            self._give_back(claim)
+        else:
+            return EffectOutcome(False, "late", claim.idempotency_key)
         try:
             result = fn(claim.idempotency_key)
         except BaseException as exc:
@@ -209,6 +240,14 @@ class Effects:
             # At least once: the lease ran out while fn ran, and another claim redid it.
             return EffectOutcome(True, "overtaken", claim.idempotency_key, result)
         return EffectOutcome(True, "done", claim.idempotency_key, result)
+
+    @staticmethod
+    def _give_back(claim: EffectClaim) -> None:
+        try:
+            claim.release(LATE_NOTE)  # (refused if the entry moved on: it is not ours)
+        except Exception:  # noqa: BLE001 - its lease puts it in doubt instead
+            emit(Event.EFFECT_RELEASE_ERROR, "could not give back a late effect claim",
+                 exc_info=True)
 
     def run_many(self, scope: str, keys: Iterable[Any], fn: Callable[[str], Any], *,
                  policy: str = AT_MOST_ONCE, lease: float | timedelta = 60.0,
@@ -227,6 +266,12 @@ class Effects:
         taken over meanwhile is counted ``overtaken``) and releases those whose ``fn``
         raised (the error kept). ``lease`` covers the whole chunk: all its ``fn`` calls
         together must end within it, or (at least once) another caller may redo them.
+        No ``fn`` starts once the chunk's lease has less than a fifth of itself (at most
+        2 s) left by this process's clock: the keys not started are given back in the
+        chunk's done transaction and claimed again as a chunk of their own, with a fresh
+        lease (a chunk slower than its lease goes on in smaller chunks; a process paused
+        past its lease starts nothing of the chunk it held when it wakes). Keys late
+        three claims in a row are left claimable and named in ``late``.
         The chunk's entries point at a row of the chunk's own, which holds its lease;
         when every ``fn`` of the chunk returned the same result (None, say), the done
         mark is that one row, however big the chunk (else each entry is marked by
@@ -256,20 +301,34 @@ class Effects:
             size = max(1, len(ordered))
         owner, tally, started = _owner(), _Tally(), time.monotonic()
         for at in range(0, len(ordered), size):
-            self._chunk(scope, ordered[at:at + size], fn, policy, owner, lease_s, wait, conn, tally)
+            keys_now, rounds = ordered[at:at + size], 0
+            while keys_now:
+                late, progressed = self._chunk(scope, keys_now, fn, policy, owner, lease_s,
+                                               wait, conn, tally)
+                rounds = 0 if progressed else rounds + 1
+                if late and rounds >= LATE_ROUNDS:
+                    tally.late += late
+                    break
+                keys_now = late
         return EffectsOutcome(
             scope=scope, keys=len(ordered), chunks=tally.chunks, done=tally.done,
             redone=tally.redone,
             skipped={why: tally.skipped[why] for why in ("done", "running", "in_doubt")},
             failed=tally.failed, overtaken=tuple(tally.overtaken),
-            seconds=time.monotonic() - started, held=tuple(tally.held))
+            seconds=time.monotonic() - started, held=tuple(tally.held), late=tuple(tally.late))
 
     def _chunk(self, scope: str, keys: builtins.list[str], fn: Callable[[str], Any], policy: str,
-               owner: str, lease: float, wait: float, conn: Any, tally: _Tally) -> None:
+               owner: str, lease: float, wait: float, conn: Any,
+               tally: _Tally) -> tuple[builtins.list[str], bool]:
+        """Claim, run and finish one chunk: (the claimed keys whose ``fn`` did not start
+        because the lease ran short, given back; whether any ``fn`` started)."""
         backend = self.app.backend
         failpoints.hit("effect.before_claim")
+        claimed_at = time.monotonic()
         chunk, claims = backend.effect_claim_many(scope, keys, policy, owner, lease, wait,
                                                   conn=conn)
+        # (in your transaction nobody else sees the claims until you commit: no deadline)
+        deadline = None if conn is not None else claimed_at + lease - _margin(lease)
         tally.chunks += 1
         todo = []
         for key, found, token in claims:
@@ -281,8 +340,12 @@ class Effects:
                 todo.append((key, token, found))
         done: builtins.list[tuple[str, int, str | None]] = []
         failed: builtins.list[tuple[str, int, str]] = []
+        late: builtins.list[tuple[str, int, str]] = []
         try:
-            for key, token, _ in todo:
+            for n, (key, token, _) in enumerate(todo):
+                if deadline is not None and time.monotonic() >= deadline:
+                    late = [(k, t, LATE_NOTE) for k, t, _ in todo[n:]]
+                    break
                 try:
                     result = fn(f"{scope}:{key}")
                 except Exception as exc:  # noqa: BLE001 - recorded for its key; the run goes on
@@ -304,16 +367,20 @@ class Effects:
                 emit(Event.EFFECT_RELEASE_ERROR, "could not finish a chunk of effects after "
                      "an interruption", exc_info=True)
             raise
-        marked, _ = backend.effect_finish_many(scope, chunk, done, failed, conn=conn)
+        marked, _ = backend.effect_finish_many(scope, chunk, done, failed + late, conn=conn)
         failpoints.hit("effect.after_chunk")
+        if late:
+            emit(Event.EFFECT_LATE, "a chunk's lease ran short: its unstarted keys were given "
+                 "back and are claimed again", scope=scope, keys=len(late))
         found_by_key = {k: f for k, _, f in todo}
         tally.done += len(marked)
         tally.redone += sum(1 for k in marked if found_by_key[k] == "in_doubt")
-        late = [k for k, _, _ in done if k not in marked]
-        if late:
-            tally.overtaken += late
+        overtaken = [k for k, _, _ in done if k not in marked]
+        if overtaken:
+            tally.overtaken += overtaken
             emit(Event.EFFECT_OVERTAKEN, "effects done after their claims were taken over",
-                 scope=scope, keys=len(late))
+                 scope=scope, keys=len(overtaken))
+        return [k for k, _, _ in late], len(late) < len(todo)
 
     def get(self, scope: str, key: Any) -> EffectInfo:
         info = self.app.backend.effect_get(_scope(scope), _key(key))
