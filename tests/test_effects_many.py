@@ -6,6 +6,7 @@ Then real processes: six racing over overlapping key sets with one killed mid-ch
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -582,6 +583,30 @@ def test_a_chunk_whose_entry_stays_locked_times_out_and_claims_nothing(app: App,
         conn.close()
 
 
+def test_a_function_that_hands_back_a_coroutine_does_no_effect_and_nothing_is_marked_done(
+    app: App, recwarn: pytest.WarningsRecorder
+) -> None:
+    """An async function behind a plain one (a lambda, a wrapper) returns a coroutine that
+    never runs: the entry was marked done and the effect lost for good. Refused at run
+    time: the entry is given back, nothing is done, no "never awaited" warning."""
+    with pytest.raises(InvalidOption, match="never ran"):
+        app.effects.run("coro", 1, lambda idem: _async_send(idem))
+    assert app.effects.get("coro", 1).state == "pending"
+    sent: list[str] = []
+
+    def first_plain_then_async(idem: str) -> Any:
+        if idem.endswith(":1"):
+            sent.append(idem)
+            return None
+        return _async_send(idem)
+
+    with pytest.raises(InvalidOption, match="never ran"):
+        app.effects.run_many("coro-many", [1, 2, 3], first_plain_then_async)
+    assert sent == ["coro-many:1"]
+    assert [app.effects.get("coro-many", k).state for k in (1, 2, 3)] == ["done", "pending", "pending"]
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
 def test_no_keys_is_an_empty_outcome(app: App) -> None:
     out = app.effects.run_many("push", iter(()), lambda idem: None)
     assert (out.keys, out.chunks, out.ran, out.per_second) == (0, 0, 0, 0.0)
@@ -590,6 +615,19 @@ def test_no_keys_is_an_empty_outcome(app: App) -> None:
 def _bad_at_the_end() -> Iterator[Any]:
     yield from range(100)
     yield ""
+
+
+async def _async_send(idem: str) -> None:
+    return None
+
+
+def _generator_send(idem: str) -> Any:
+    yield idem
+
+
+class _AsyncCallable:
+    async def __call__(self, idem: str) -> None:
+        return None
 
 
 @pytest.mark.parametrize("call", [
@@ -605,6 +643,12 @@ def _bad_at_the_end() -> Iterator[Any]:
     lambda app: app.effects.run_many("s", [1, "x" * 513], lambda i: None),
     lambda app: app.effects.run_many("s", _bad_at_the_end(), lambda i: None),
     lambda app: app.effects.run_many("s", [1], "not callable"),
+    lambda app: app.effects.run_many("s", [1], _async_send),
+    lambda app: app.effects.run_many("s", [1], functools.partial(_async_send)),
+    lambda app: app.effects.run_many("s", [1], _AsyncCallable()),
+    lambda app: app.effects.run_many("s", [1], _generator_send),
+    lambda app: app.effects.run("s", 1, _async_send),
+    lambda app: app.effects.run("s", 1, _generator_send),
     lambda app: app.effects.run_many("s", [1], lambda i: None, chunk=0),
     lambda app: app.effects.run_many("s", [1], lambda i: None, chunk=10_001),
     lambda app: app.effects.run_many("s", [1], lambda i: None, chunk=True),

@@ -24,6 +24,8 @@ returned the same result, the done mark is written once, on the chunk's row.
 from __future__ import annotations
 
 import builtins
+import functools
+import inspect
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -135,6 +137,10 @@ class _Tally:
     late: list[str] = field(default_factory=list)
 
 
+class _NotRun(InvalidOption):
+    """fn handed back a coroutine or generator (see ``_not_run``)."""
+
+
 class EffectClaim:
     """A claim on one entry (from :meth:`Effects.claim`). When ``claimed`` is False the
     effect must not be done (``state`` says why). Otherwise do it, then call :meth:`done`
@@ -206,8 +212,7 @@ class Effects:
         """Do ``fn(idempotency_key)`` unless the effect of (scope, key) is done or being
         done; mark it done after ``fn`` returns, release it when ``fn`` raises (and
         re-raise). ``lease``: how long ``fn`` may take before the claim is in doubt."""
-        if not callable(fn):
-            raise InvalidOption("fn must be a callable taking the idempotency key")
+        _check_fn(fn)
         lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
         for _ in range(LATE_ROUNDS):
             started = time.monotonic()
@@ -228,6 +233,8 @@ class Effects:
             return EffectOutcome(False, "late", claim.idempotency_key)
         try:
             result = fn(claim.idempotency_key)
+            if _not_run(result):
+                raise InvalidOption(NOT_RUN)
         except BaseException as exc:
             try:
                 claim.release(validate.exception_text(exc))
@@ -290,8 +297,7 @@ class Effects:
         transaction: claims, your writes in ``fn`` and the done marks commit or roll back
         together."""
         scope = _scope(scope)
-        if not callable(fn):
-            raise InvalidOption("fn must be a callable taking the idempotency key")
+        _check_fn(fn)
         _policy(policy)
         lease_s = validate.bounded(lease, "lease", 0.01, 7 * 86400)
         wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
@@ -348,6 +354,12 @@ class Effects:
                     break
                 try:
                     result = fn(f"{scope}:{key}")
+                    if _not_run(result):
+                        # Not a failure of this key: fn is wrong for every key. Stop as
+                        # an interrupt does (what returned is kept, the rest given back).
+                        raise _NotRun(NOT_RUN)
+                except _NotRun:
+                    raise
                 except Exception as exc:  # noqa: BLE001 - recorded for its key; the run goes on
                     error = validate.exception_text(exc)
                     failed.append((key, token, error))
@@ -359,7 +371,7 @@ class Effects:
         except BaseException as exc:
             # KeyboardInterrupt, SystemExit: keep what returned, give the rest back, stop.
             ended = {k for k, _, _ in done} | {k for k, _, _ in failed}
-            note = f"interrupted: {type(exc).__name__}"
+            note = NOT_RUN if isinstance(exc, _NotRun) else f"interrupted: {type(exc).__name__}"
             failed += [(k, t, note) for k, t, _ in todo if k not in ended]
             try:
                 backend.effect_finish_many(scope, chunk, done, failed, conn=conn)
@@ -448,6 +460,36 @@ class Effects:
         return self.app.backend.row_lock(
             conn, validate.sql_identifier(table), validate.sql_identifier(column), value,
             validate.bounded(timeout, "timeout", 0.001, 3600))
+
+
+def _check_fn(fn: Any) -> None:
+    """An effect's function is called, and what it returns is its result: a coroutine or
+    generator function returns without running its body, so the entry would be marked
+    done for an effect that never happened."""
+    if not callable(fn):
+        raise InvalidOption("fn must be a callable taking the idempotency key")
+    call = fn if inspect.isroutine(fn) or isinstance(fn, functools.partial) else type(fn).__call__
+    if inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call) or \
+            inspect.isgeneratorfunction(call) or inspect.iscoroutinefunction(fn):
+        raise InvalidOption(
+            "fn must be a plain function: an async or generator function returns before its "
+            "body runs (call it with asyncio.run inside a plain function, or finish the "
+            "generator)")
+
+
+def _not_run(result: Any) -> bool:
+    """Whether fn handed back work it has not done (a coroutine, generator or other
+    awaitable): checked at run time too, for callables the signature does not show."""
+    if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # (no "never awaited" warning: it is refused here)
+        return True
+    return False
+
+
+NOT_RUN = ("fn returned a coroutine, generator or awaitable: its body never ran, so the "
+           "effect did not happen (call it with asyncio.run inside a plain function)")
 
 
 def _scope(value: Any) -> str:
