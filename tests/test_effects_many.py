@@ -607,6 +607,44 @@ def test_a_function_that_hands_back_a_coroutine_does_no_effect_and_nothing_is_ma
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
+def test_a_chunk_of_big_results_is_marked_done_on_every_backend(app: App) -> None:
+    """500 keys whose fn returns a distinct ~40 KB result (the limit is 64 KiB): the chunk's
+    done marks were one ~40 MB statement, past MariaDB's max_allowed_packet; the finish
+    failed after every fn had run and left the whole chunk in doubt. Now cut into
+    statements of the same transaction."""
+    out = app.effects.run_many("big-results", range(500),
+                               lambda idem: idem + ":" + "r\"é" * 13_000)
+    assert (out.done, out.chunks, dict(out.failed)) == (500, 1, {})
+    for k in (0, 250, 499):
+        assert app.effects.get("big-results", k).result == f"big-results:{k}:" + "r\"é" * 13_000
+    assert app.effects.counts("big-results") == {"done": 500}
+
+
+def test_long_unicode_keys_are_cut_into_chunks_a_claim_can_send(app: App) -> None:
+    """2,500 keys of 512 emoji (the longest key) asked for as one chunk: ~15 MB of JSON in
+    one claim, refused by MariaDB's max_allowed_packet before anything ran. A chunk now
+    also ends at 2 MiB of keys."""
+    keys = [f"{i:04d}" + "😀" * 508 for i in range(2500)]
+    sent: list[str] = []
+    out = app.effects.run_many("long-keys", keys, sent.append, chunk=2500)
+    assert out.done == 2500 and out.chunks > 1 and len(set(sent)) == 2500
+    assert app.effects.counts("long-keys") == {"done": 2500}
+
+
+@pytest.mark.mysql
+def test_mysql_cuts_a_chunks_done_marks_under_any_packet_size(app: App, db_url: str) -> None:
+    if not db_url.startswith("mysql"):
+        pytest.skip("MySQL's max_allowed_packet")
+    app.backend.d.statement_bytes = 400_000  # ~100 KB a piece: many pieces
+    out = app.effects.run_many("cut", range(60), lambda idem: idem + "x" * 40_000)
+    assert (out.done, dict(out.failed)) == (60, {})
+    assert all(app.effects.get("cut", k).result == f"cut:{k}" + "x" * 40_000 for k in range(60))
+    failing = app.effects.run_many("cut-failed", range(60),
+                                   lambda idem: (_ for _ in ()).throw(ValueError("e" * 3000)))
+    assert len(failing.failed) == 60
+    assert app.effects.counts("cut-failed") == {"pending": 60}
+
+
 def test_no_keys_is_an_empty_outcome(app: App) -> None:
     out = app.effects.run_many("push", iter(()), lambda idem: None)
     assert (out.keys, out.chunks, out.ran, out.per_second) == (0, 0, 0, 0.0)

@@ -28,7 +28,7 @@ import functools
 import inspect
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -49,9 +49,32 @@ POLICIES = (AT_MOST_ONCE, AT_LEAST_ONCE)
 MAX_SCOPE = 200
 MAX_CHUNK = 10_000
 """The largest chunk of ``run_many``: one claim statement's key list."""
+MAX_CHUNK_KEY_TEXT = 2 * 1024 * 1024
+"""At most this much JSON text of keys in one chunk (a claim sends its keys as one list):
+512-character keys of emoji are ~6 KB each as JSON, and 2,500 of them passed MySQL's
+max_allowed_packet. Keys of digits never reach it before ``MAX_CHUNK``."""
 LATE_ROUNDS = 3
 """How many times a claim whose lease ran out before ``fn`` could start is claimed anew."""
 LATE_NOTE = "given back unstarted: the claim's lease had (nearly) run out before fn could start"
+
+
+def _key_text(key: str) -> int:
+    """An upper bound of the key's length as a JSON string (with its comma)."""
+    return len(key) + 3 if key.isascii() and key.isalnum() else 12 * len(key) + 3
+
+
+def _cut(keys: builtins.list[str], size: int) -> Iterator[builtins.list[str]]:
+    """``keys`` in chunks of at most ``size`` keys and ``MAX_CHUNK_KEY_TEXT`` of JSON."""
+    at = 0
+    while at < len(keys):
+        end, text = at, 0
+        while end < len(keys) and end - at < size:
+            text += _key_text(keys[end])
+            if text > MAX_CHUNK_KEY_TEXT and end > at:
+                break
+            end += 1
+        yield keys[at:end]
+        at = end
 
 
 def _margin(lease: float) -> float:
@@ -264,7 +287,8 @@ class Effects:
 
         ``keys``: any iterable of keys as ``run`` takes them (not a string); all are
         checked before anything is written, and duplicates (``42`` and ``"42"`` too)
-        collapse. They are cut into chunks of ``chunk`` keys in the order given; per
+        collapse. They are cut into chunks of ``chunk`` keys (and at most
+        ``MAX_CHUNK_KEY_TEXT`` of keys as JSON) in the order given; per
         chunk, ONE transaction makes the missing entries, locks the chunk's entries in key
         order (waiting at most ``lock_timeout``, LockTimeout past it) and claims those that
         may be done now, by ``run``'s rules; then ``fn(idempotency_key)`` runs for each
@@ -306,8 +330,8 @@ class Effects:
         if conn is not None:
             size = max(1, len(ordered))
         owner, tally, started = _owner(), _Tally(), time.monotonic()
-        for at in range(0, len(ordered), size):
-            keys_now, rounds = ordered[at:at + size], 0
+        for keys_now in _cut(ordered, size):
+            rounds = 0
             while keys_now:
                 late, progressed = self._chunk(scope, keys_now, fn, policy, owner, lease_s,
                                                wait, conn, tally)

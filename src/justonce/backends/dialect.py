@@ -311,6 +311,11 @@ class Dialect:
         ``n`` keys of ``params["keys"]``. Default: the statement's own answer."""
         return self.rows(c, "effect_claim_new_many", params)
 
+    statement_bytes = 64 * 1024 * 1024
+    """How much a statement's parameters may carry: bulk writes whose size depends on the
+    caller's data (a chunk's done marks with their results) are cut into statements under
+    it, in the same transaction. MySQL reads its max_allowed_packet."""
+
     def finish_effects(self, c: Any, scope: str, chunk: int,
                        rows: Sequence[tuple[str, int, str | None, str | None]]) -> list[Any]:
         """(key, new state) of the claims of chunk ``chunk`` that ``effect_finish_many``

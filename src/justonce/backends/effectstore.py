@@ -27,7 +27,8 @@ entry is done, or after, and finds it gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ..errors import InvalidOption
@@ -175,7 +176,9 @@ class EffectOps:
     def _finish(self, c: Any, scope: str, chunk: int,
                 rows: Sequence[tuple[str, int, str | None, str | None]],
                 together: Sequence[tuple[str, int, str | None]]) -> tuple[set[str], set[str]]:
-        out = self.d.finish_effects(c, scope, chunk, rows) if rows else []
+        out = []
+        for piece in _pieces(rows, self.d.statement_bytes):
+            out += self.d.finish_effects(c, scope, chunk, piece)
         marked = {k for k, state in out if state == "done"}
         released = {k for k, state in out if state == "pending"}
         result = together[0][2] if together else None
@@ -277,3 +280,26 @@ def _holders(rows: Iterable[Sequence[Any]]) -> set[int]:
     """The chunks that hold the running entries among locked ``rows`` (state, policy, token,
     expired, chunk_id)."""
     return {int(r[4]) for r in rows if r[4] is not None and r[0] == "running"}
+
+
+def _pieces(rows: Sequence[tuple[str, int, str | None, str | None]],
+            budget: int) -> Iterator[Sequence[tuple[str, int, str | None, str | None]]]:
+    """``rows`` (a chunk's done marks, in key order) cut so that each piece, sent as one
+    JSON list, stays well under ``budget`` bytes: results of up to 64 KiB each made 500
+    of them ~40 MB as JSON, past MySQL's max_allowed_packet (the chunk's finish failed
+    after every fn had run). A piece of the usual chunk (short keys, no result) is all of
+    it, found without serialising anything."""
+    if not rows:
+        return
+    rough = sum(len(k) + len(r or "") + len(e or "") + 24 for k, _, r, e in rows)
+    if 12 * rough < budget // 2:
+        yield rows
+        return
+    at, size, limit = 0, 0, budget // 4  # (JSON escaping, then the driver's, may each double)
+    for i, row in enumerate(rows):
+        n = len(json.dumps(row))
+        if size and size + n > limit:
+            yield rows[at:i]
+            at, size = i, 0
+        size += n
+    yield rows[at:]
