@@ -451,6 +451,35 @@ def test_run_many_on_the_callers_connection_commits_or_rolls_back_with_it(app: A
         conn.close()
 
 
+def test_a_failing_fn_in_your_transaction_leaves_none_of_its_writes(app: App, db_url: str) -> None:
+    """With conn=, fn writes in your transaction; one that wrote and then raised left its
+    write behind while its entry was released, and your commit kept both (the next run
+    wrote it again). Each fn now runs under a savepoint of its own."""
+    conn = proc_app.ledger_connect(db_url)
+    sql = proc_app._sql(conn, "INSERT INTO effect_log (k, pid, event) VALUES (?, 0, 'credit')")
+
+    def write_then_fail_on_2(c: Any) -> Any:
+        def fn(idem: str) -> None:
+            c.execute(sql, (idem,))
+            if idem.endswith(":2"):
+                raise ValueError("the provider refused it")
+        return fn
+
+    try:
+        with proc_app._Tx(conn) as c:
+            out = app.effects.run_many("partial", [1, 2, 3], write_then_fail_on_2(c), conn=c)
+            assert out.done == 2 and list(out.failed) == ["2"]
+            with pytest.raises(ValueError):
+                app.effects.run("partial-one", 2, write_then_fail_on_2(c), conn=c)
+            assert app.effects.run("partial-one", 1, write_then_fail_on_2(c), conn=c).state == "done"
+        assert sorted(k for k, _, _ in proc_app.effect_rows(db_url)) == [
+            "partial-one:1", "partial:1", "partial:3"]
+        assert [app.effects.get("partial", k).state for k in (1, 2, 3)] == ["done", "pending", "done"]
+        assert app.effects.get("partial-one", 2).state == "pending"
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("found_rows", [False, True], ids=["rows-changed", "rows-found"])
 def test_a_chunk_of_new_and_existing_keys_claims_exactly_the_new_and_the_claimable(
         app: App, db_url: str, found_rows: bool) -> None:

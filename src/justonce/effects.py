@@ -255,7 +255,11 @@ class Effects:
         else:
             return EffectOutcome(False, "late", claim.idempotency_key)
         try:
-            result = fn(claim.idempotency_key)
+            if conn is None:
+                result = fn(claim.idempotency_key)
+            else:  # (a failing fn's writes leave your transaction with it)
+                result = self.app.backend.callers_savepoint(
+                    conn, functools.partial(fn, claim.idempotency_key))
             if _not_run(result):
                 raise InvalidOption(NOT_RUN)
         except BaseException as exc:
@@ -377,7 +381,10 @@ class Effects:
                     late = [(k, t, LATE_NOTE) for k, t, _ in todo[n:]]
                     break
                 try:
-                    result = fn(f"{scope}:{key}")
+                    if conn is None:
+                        result = fn(f"{scope}:{key}")
+                    else:  # (a failing fn's writes leave your transaction with it)
+                        result = backend.callers_savepoint(conn, functools.partial(fn, f"{scope}:{key}"))
                     if _not_run(result):
                         # Not a failure of this key: fn is wrong for every key. Stop as
                         # an interrupt does (what returned is kept, the rest given back).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
@@ -370,6 +370,10 @@ class Backend(Protocol):
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         """Lock the caller's row in its transaction on ``conn``; False: no such row."""
+
+    def callers_savepoint(self, conn: Any, fn: Callable[[], Any]) -> Any:
+        """``fn()`` under a savepoint of its own in the caller's open transaction on
+        ``conn`` (rolled back to it when ``fn`` raises); as is outside a transaction."""
 
     # -- the dashboard's reads (dashstore.py): bounded on a big table ---------------------
     def dash_counts(self) -> dict[tuple[str, str], Count]:

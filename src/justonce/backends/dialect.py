@@ -178,6 +178,31 @@ class Dialect:
                     "ids and effects are not this App's)")
         return None
 
+    def callers_savepoint(self, conn: Any, fn: Callable[[], T]) -> T:
+        """``fn()`` under a savepoint of its own when the caller's connection ``conn`` is in
+        a transaction: rolled back to it if ``fn`` raises, so that an effect's function that
+        wrote part of its work and then failed leaves none of it in your transaction (its
+        entry is released and may be done again). Outside a transaction, ``fn()`` as is."""
+        if not self.caller_in_transaction(conn):
+            return fn()
+        self.statement(conn, "fn_savepoint")
+        try:
+            result = fn()
+        except BaseException:
+            self.statement(conn, "fn_savepoint_rollback")
+            self.statement(conn, "fn_savepoint_release")
+            raise
+        self.statement(conn, "fn_savepoint_release")
+        return result
+
+    def caller_in_transaction(self, conn: Any) -> bool:
+        """Whether the caller's connection has a transaction open now."""
+        raise NotImplementedError
+
+    def statement(self, c: Any, name: str) -> None:
+        """Run statement ``name``, which takes no parameters and returns no rows."""
+        raise NotImplementedError
+
     # -- transactions -------------------------------------------------------------------------
     def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
         """Run ``fn(c)`` atomically: in the caller's open transaction on ``conn`` (under a

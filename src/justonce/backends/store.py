@@ -11,7 +11,7 @@ with the figure).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
@@ -369,6 +369,9 @@ class Store:
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         return self.d.row_lock(conn, table, column, value, timeout)
+
+    def callers_savepoint(self, conn: Any, fn: Callable[[], Any]) -> Any:
+        return self.d.callers_savepoint(conn, fn)
 
     def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
         return self.d.waiter(queues, listen)

@@ -600,6 +600,12 @@ class MySQLDialect(Dialect):
             return "does not reach justonce's tables (no justonce_migrations in its database)"
         return super().other_database(mine, theirs)
 
+    def statement(self, c: pymysql.Connection, name: str) -> None:
+        self._run(c, name, {})
+
+    def caller_in_transaction(self, conn: pymysql.Connection) -> bool:
+        return self._in_transaction(conn)
+
     def _caller_connection(self, conn: Any) -> pymysql.Connection:
         if not isinstance(conn, pymysql.connections.Connection):
             raise InvalidOption(

@@ -493,6 +493,12 @@ class PostgresDialect(Dialect):
                     "ids and effects are not this App's)")
         return None
 
+    def statement(self, c: psycopg.Connection, name: str) -> None:
+        c.execute(_plain(name))
+
+    def caller_in_transaction(self, conn: psycopg.Connection) -> bool:
+        return conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
     def _caller_connection(self, conn: Any) -> psycopg.Connection:
         if not isinstance(conn, psycopg.Connection):
             raise InvalidOption(

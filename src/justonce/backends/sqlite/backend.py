@@ -317,6 +317,12 @@ class SQLiteDialect(Dialect):
             return f"is a connection to another database file than this App's ({self.path})"
         return None
 
+    def statement(self, c: sqlite3.Connection, name: str) -> None:
+        c.execute(Q[name])
+
+    def caller_in_transaction(self, conn: sqlite3.Connection) -> bool:
+        return bool(conn.in_transaction)
+
     def _caller_connection(self, conn: Any) -> sqlite3.Connection:
         if not isinstance(conn, sqlite3.Connection):
             raise InvalidOption(
