@@ -7,11 +7,11 @@ import os
 import signal
 import sqlite3
 import subprocess
-import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+from ..lifeline import end_with_parent
 
 PARENT_ENV = "JUSTONCE_DEMO_PARENT"
 """Set by a demo in the environment of the workers it starts: its own pid."""
@@ -31,14 +31,7 @@ def exit_with_parent() -> None:
     raw = os.environ.get(PARENT_ENV, "")
     if not (raw.isascii() and raw.isdigit()):
         return
-    parent = int(raw)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="justonce-demo-parent", daemon=True).start()
+    end_with_parent(int(raw), name="justonce-demo-parent")
 
 
 def connect(url: str) -> Any:

@@ -90,7 +90,11 @@ def from_environment() -> FastAPI:
     import os
 
     from ..cli import load_app
+    from ..lifeline import end_with_parent
 
+    # uvicorn's supervisor is the parent: killed with SIGKILL, it cannot stop us, and we
+    # would go on serving (holding the port) with nobody to stop us.
+    end_with_parent(os.getppid(), name="justonce-serve-parent")
     app = load_app(os.environ.get("JUSTONCE_SERVE_APP") or None,
                    os.environ["JUSTONCE_SERVE_DATABASE_URL"], strict=False)
     return create_app(app, max_body_bytes=int(os.environ["JUSTONCE_SERVE_MAX_BODY_BYTES"]),
