@@ -309,6 +309,30 @@ def test_a_task_failing_with_a_long_message_on_its_last_attempt_is_buried(lapp: 
     assert (b.reason or "").startswith("RuntimeError: yyy")
 
 
+def test_run_next_starts_no_task_on_a_reservation_whose_time_ran_out_first(lapp: App) -> None:
+    """A process paused between its reserve and the task (here: a slow read of the item)
+    past the time to run ran the task anyway, on a position another reserver may hold by
+    then. It gives the reservation back instead ("late"), and the next run does it."""
+    runs: list[int] = []
+    lapp.task(name="note", max_attempts=5)(lambda item: runs.append(item))
+    lapp.lists.create("paused", task="note", items=[1], ttr=0.3)
+    real_items = lapp.lists.items
+    stalls = [1]
+
+    def slow_items(res: Any) -> Any:
+        got = real_items(res)
+        if stalls[0]:
+            stalls[0] -= 1
+            time.sleep(0.35)  # past the time to run
+        return got
+
+    lapp.lists.items = slow_items  # type: ignore[method-assign]
+    late = lapp.lists.run_next("paused")
+    assert late is not None and (late.outcome, runs) == ("late", [])
+    again = lapp.lists.run_next("paused")
+    assert again is not None and (again.outcome, again.list_completed, runs) == ("completed", True, [1])
+
+
 def test_run_next_needs_a_task_that_is_registered(lapp: App) -> None:
     lapp.lists.create("bare", items=[1])
     with pytest.raises(InvalidOption):

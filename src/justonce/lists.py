@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import itertools
 import json
 import re
@@ -70,7 +71,9 @@ class ListRun:
     """What ``run_next`` did with one position: ``outcome`` is ``completed`` (``result``
     is the task's return value), ``released`` (it raised; the position is handed out
     again after a backoff), ``buried`` (it raised on its last attempt) or ``stale`` (the
-    reservation timed out while the task ran: the position is someone else's now)."""
+    reservation timed out while the task ran: the position is someone else's now) or
+    ``late`` (the time to run had (nearly) run out before the task could start, as in a
+    process paused between the reserve and the task: given back, the task not run)."""
 
     list: str
     position: int
@@ -319,10 +322,17 @@ class Lists:
         task = self.app.tasks.get(task_name)
         if task is None:
             raise UnknownTask(f"list {name!r} runs task {task_name!r}, which is not registered here")
+        started = time.monotonic()
         res = self.reserve(name, 1, ttr=ttr)
         if res is None:
             return None
         (position, item), = self.items(res)
+        if time.monotonic() >= started + res.ttr - min(res.ttr / 5, 2.0):
+            # Paused past (nearly) all of the time to run before the task could start: the
+            # position may be another reserver's by now. Give it back, start nothing.
+            with contextlib.suppress(StaleReservation):
+                self.release(res)
+            return ListRun(name, position, item, res.attempt, "late")
         try:
             result = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
             validate.result_json(result)

@@ -154,10 +154,12 @@ class ListRunOut(BaseModel):
     position: int
     item: Any
     attempt: int
-    outcome: Literal["completed", "released", "buried", "stale"] = Field(description=(
+    outcome: Literal["completed", "released", "buried", "stale", "late"] = Field(description=(
         "completed: result is the task's return value; released: it raised and the position "
         "comes back after the task's backoff; buried: it raised on its last attempt; stale: "
-        "the reservation timed out while the task ran (the position is someone else's)."))
+        "the reservation timed out while the task ran (the position is someone else's); "
+        "late: the reservation's time to run had (nearly) run out before the task could "
+        "start (the process was paused): given back, the task not run."))
     result: Any = None
     error: str | None = None
     list_completed: bool = False
