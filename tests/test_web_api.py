@@ -287,10 +287,12 @@ def test_preview_then_apply_to_all_matching_counts_and_audits(admin: httpx.Clien
     again = admin.post("/api/v1/jobs/actions/apply", json={
         "action": "retry", "filter": flt, "max_id": retry["max_id"], "expected": 2500}).json()
     assert again["applied"] == 2500
-    entries = admin.get("/api/v1/audit", params={"limit": 2}).json()["entries"]
-    assert [(e["action"], e["count"]) for e in entries] == [("jobs.retry_matching", 2500),
-                                                              ("jobs.cancel_matching", 2500)]
-    assert entries[1]["detail"]["filter"] == flt
+    # One audit row per chunk of 1,000, committed with it (newest first).
+    entries = admin.get("/api/v1/audit", params={"limit": 6}).json()["entries"]
+    assert [(e["action"], e["count"], e["detail"]["chunk"]) for e in entries] == [
+        ("jobs.retry_matching", 500, 3), ("jobs.retry_matching", 1000, 2), ("jobs.retry_matching", 1000, 1),
+        ("jobs.cancel_matching", 500, 3), ("jobs.cancel_matching", 1000, 2), ("jobs.cancel_matching", 1000, 1)]
+    assert {e["detail"]["filter"]["queue"] for e in entries} == {"sweep"}
     assert_problem(admin.post("/api/v1/jobs/actions/preview", json={
         "action": "retry", "filter": {"state": "ready"}}), 422, "InvalidOption")
 

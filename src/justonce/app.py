@@ -267,19 +267,21 @@ class App:
         limit = validate.count(limit, "limit", 10000)
         return self.backend.job_page(where, None, limit)
 
-    def cancel(self, job_id: int) -> Job:
+    def cancel(self, job_id: int, *, conn: Any = None) -> Job:
         """Cancel a scheduled, ready or running job. A running job's worker can no longer
-        complete it (its write is rejected)."""
-        job = self.backend.job_cancel(_job_id(job_id))
+        complete it (its write is rejected). ``conn``: in your open transaction (as for
+        :meth:`enqueue`), committed with it."""
+        job = self.backend.job_cancel(_job_id(job_id), conn)
         if job is None:
             current = self.get_job(job_id)
             raise InvalidTransition(f"job {job_id} is {current.state}: only live jobs can be cancelled")
         emit(Event.JOB_CANCELLED, "job cancelled", job_id=job.id)
         return job
 
-    def retry(self, job_id: int) -> Job:
-        """Make a dead or cancelled job ready again, with its attempts reset."""
-        job = self.backend.job_retry(_job_id(job_id))
+    def retry(self, job_id: int, *, conn: Any = None) -> Job:
+        """Make a dead or cancelled job ready again, with its attempts reset (``conn``: as
+        for :meth:`cancel`)."""
+        job = self.backend.job_retry(_job_id(job_id), conn)
         if job is None:
             current = self.get_job(job_id)
             raise InvalidTransition(
@@ -290,7 +292,8 @@ class App:
     def queue_counts(self) -> list[QueueCount]:
         return self.backend.queue_counts()
 
-    def pause_queue(self, queue: str, *, note: str | None = None, actor: str | None = None) -> QueuePause:
+    def pause_queue(self, queue: str, *, note: str | None = None, actor: str | None = None,
+                    conn: Any = None) -> QueuePause:
         """Pause ``queue``: no worker claims a job of it until :meth:`resume_queue`. Every
         claim that starts after this returns skips the queue, on every worker and machine;
         running jobs finish, and a job a worker leased ahead starts only within 0.1 s of
@@ -298,22 +301,23 @@ class App:
         Enqueueing goes on: the jobs wait, ready or scheduled. Pausing a paused queue
         changes nothing (the first pause, its time and note, stays; the answer has
         ``already`` set) and a queue need not hold jobs to be paused. Returns the pause in
-        force."""
+        force. ``conn``: in your open transaction (the pause starts when it commits)."""
         queue = validate.queue_name(queue)
         if note is not None:
             note = validate.text(note, "note", 4000)
         if actor is not None:
             actor = validate.text(actor, "actor", 200)
-        pause = self.backend.queue_pause(queue, actor, note)
+        pause = self.backend.queue_pause(queue, actor, note, conn)
         if not pause.already:
             emit(Event.QUEUE_PAUSED, "queue paused", queue=queue)
         return pause
 
-    def resume_queue(self, queue: str) -> bool:
+    def resume_queue(self, queue: str, *, conn: Any = None) -> bool:
         """Resume a paused queue: its ready jobs are claimed again (at once by workers that
-        listen on Postgres; at their next poll elsewhere). False when it was not paused."""
+        listen on Postgres; at their next poll elsewhere). False when it was not paused.
+        ``conn``: in your open transaction."""
         queue = validate.queue_name(queue)
-        resumed = self.backend.queue_resume(queue)
+        resumed = self.backend.queue_resume(queue, conn)
         if resumed:
             emit(Event.QUEUE_RESUMED, "queue resumed", queue=queue)
         return resumed
@@ -381,7 +385,8 @@ class App:
         return self.backend.jobs_count_matching(action, where)
 
     def apply_matching(self, action: str, where: JobFilter, *, expected: int,
-                       tolerance: int = 0, chunk: int = 1000) -> int:
+                       tolerance: int = 0, chunk: int = 1000,
+                       on_chunk: Callable[[Any, int], None] | None = None) -> int:
         """Cancel (live jobs) or retry (dead or cancelled jobs) every job matching
         ``where``, in chunks of ``chunk`` jobs, one transaction each; returns how many.
 
@@ -389,12 +394,19 @@ class App:
         are never touched. Raises :class:`CountChanged` (and changes nothing) when more
         jobs match now than ``expected + tolerance``; fewer is fine (some finished). Each job
         is acted on at most once. An error in a later chunk leaves the earlier chunks done:
-        the exception's ``applied`` says how many jobs they changed."""
+        the exception's ``applied`` says how many jobs they changed.
+
+        ``on_chunk(conn, n)`` is called in the transaction of each chunk that changed jobs
+        (``n`` of them), before it commits: what it writes on ``conn`` commits with the
+        chunk or not at all (the service writes its audit rows so); if it raises, the
+        chunk is rolled back."""
         _action_states(action, self._checked(where))
         for value, what in ((expected, "expected"), (tolerance, "tolerance")):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
                 raise InvalidOption(f"{what} must be an integer in [0, 2**63), not {validate.shown(value)}")
         chunk = validate.count(chunk, "chunk", 10_000)
+        if on_chunk is not None and not callable(on_chunk):
+            raise InvalidOption(f"on_chunk must be callable, not {validate.shown(on_chunk)}")
         now, _ = self.backend.jobs_count_matching(action, where)
         if now > expected + tolerance:
             raise CountChanged(
@@ -406,10 +418,15 @@ class App:
             # Each chunk after the last job the one before took: a job is acted on once,
             # even if a worker sends it back into the matching states meanwhile.
             try:
-                n, after = op(where, chunk, after)
+                if on_chunk is None:
+                    n, after = op(where, chunk, after)
+                else:
+                    with self.backend.transaction() as conn:
+                        n, after = op(where, chunk, after, conn=conn)
+                        if n:
+                            on_chunk(conn, n)
             except Exception as exc:
-                # The chunks before this one are committed: say how many jobs they changed
-                # (the service writes them to its audit trail before the error goes on).
+                # The chunks before this one are committed: say how many jobs they changed.
                 exc.applied = done  # type: ignore[attr-defined]
                 if done:
                     exc.add_note(f"{done} jobs were changed by the chunks before this error")

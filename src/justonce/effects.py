@@ -426,7 +426,10 @@ class Effects:
         return [k for k, _, _ in late], len(late) < len(todo)
 
     def get(self, scope: str, key: Any) -> EffectInfo:
-        info = self.app.backend.effect_get(_scope(scope), _key(key))
+        return self._get(scope, key)
+
+    def _get(self, scope: str, key: Any, conn: Any = None) -> EffectInfo:
+        info = self.app.backend.effect_get(_scope(scope), _key(key), conn)
         if info is None:
             raise EffectNotFound(f"no effect {scope}:{key}")
         return info
@@ -437,21 +440,23 @@ class Effects:
             _scope(scope) if scope is not None else None, validate.count(limit, "limit", 100_000))
 
     def resolve(self, scope: str, key: Any, *, done: bool, note: str | None = None,
-                force: bool = False) -> EffectInfo:
+                force: bool = False, conn: Any = None) -> EffectInfo:
         """An operator's verdict on an entry in doubt: ``done=True`` (it happened: never
         redo) or ``done=False`` (it did not: claimable again). ``force`` also resolves an
-        entry whose lease has not expired yet."""
+        entry whose lease has not expired yet. ``conn``: in your open transaction,
+        committed with it (the entry returned is as that transaction sees it)."""
         scope, key = _scope(scope), _key(key)
         done, force = validate.flag(done, "done"), validate.flag(force, "force")
         if note is not None:
             note = validate.text(note, "note", 4000)
-        ok = self.app.backend.effect_resolve(scope, key, "done" if done else "pending", note, force)
+        ok = self.app.backend.effect_resolve(scope, key, "done" if done else "pending", note, force,
+                                             conn)
         if not ok:
-            info = self.get(scope, key)
+            info = self._get(scope, key, conn)
             raise InvalidTransition(
                 f"effect {scope}:{key} is {info.state}: only entries in doubt can be resolved"
                 + (" (or pass force=True for a running one)" if info.state == "running" else ""))
-        return self.get(scope, key)
+        return self._get(scope, key, conn)
 
     def resolve_many(self, scope: str, keys: Iterable[Any], *, done: bool, note: str | None = None,
                      force: bool = False) -> builtins.list[str]:

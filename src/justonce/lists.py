@@ -26,7 +26,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -128,7 +128,7 @@ class Lists:
     def create(self, name: str, *, task: str | Task | None = None,
                items: Iterable[Any] | None = None, seal: bool = True,
                ttr: float = DEFAULT_TTR, max_attempts: int | None = None,
-               on_complete: str | Task | Enqueue | None = None) -> ListInfo:
+               on_complete: str | Task | Enqueue | None = None, conn: Any = None) -> ListInfo:
         """Create a list and (``items``) load it, streamed in transactions of
         ``LOAD_CHUNK`` items, then seal it (``seal=False``: leave it open for ``append``).
 
@@ -138,6 +138,11 @@ class Lists:
         out a position whose task raises before it buries it (default: the task's, else 5).
         ``on_complete``: a task enqueued once when every position is done, with the
         keyword argument ``batch`` (a dict: ``description`` is ``"list:<name>"``, ``total``).
+
+        ``conn``: all of it in your open transaction (from ``app.backend.transaction()``
+        or your own connection, as for ``enqueue``), committed with it or not at all; every
+        method of ``app.lists`` that changes a list takes it. The service commits each
+        call and its audit row so.
         """
         name = list_name(name)
         task_name = None
@@ -159,23 +164,24 @@ class Lists:
         # The first chunk is checked before the list exists: a bad item in it leaves
         # nothing behind. (One further on keeps the chunks before it: see append.)
         first = [] if stream is None else [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
-        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks)
+        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks, conn)
         if first:
-            self._load(name, first, stream)
+            self._load(name, first, stream, conn)
         if seal:
-            return self.seal(name)
-        return self.get(name)
+            return self.seal(name, conn=conn)
+        return self._get(name, conn)
 
-    def append(self, name: str, items: Iterable[Any]) -> int:
+    def append(self, name: str, items: Iterable[Any], *, conn: Any = None) -> int:
         """Append items to a list that is still loading, in transactions of ``LOAD_CHUNK``
         (each item checked before its transaction starts); how many were appended."""
         name = list_name(name)
-        n = self._load(name, [], iter(_iterable(items)))
+        n = self._load(name, [], iter(_iterable(items)), conn)
         if n == 0:
-            self.get(name)  # an unknown name still says so
+            self._get(name, conn)  # an unknown name still says so
         return n
 
-    def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None) -> int:
+    def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None,
+              conn: Any = None) -> int:
         """Append ``first`` (items already checked), then the rest of the stream in
         chunks of LOAD_CHUNK, each checked before its transaction; how many."""
         backend = self.app.backend.lists
@@ -184,7 +190,7 @@ class Lists:
             [item_json(x) for x in chunk] for chunk in _chunks(rest, LOAD_CHUNK)))
         try:
             for texts in chunks:
-                backend.append(name, texts, MAX_ITEMS)
+                backend.append(name, texts, MAX_ITEMS, conn)
                 n += len(texts)
                 failpoints.hit("list.after_append_chunk")
         except Exception as exc:
@@ -194,12 +200,12 @@ class Lists:
             raise
         return n
 
-    def seal(self, name: str) -> ListInfo:
+    def seal(self, name: str, *, conn: Any = None) -> ListInfo:
         """Seal a list: its items become immutable and its positions can be reserved. An
         empty list completes at once. Sealing a sealed list changes nothing."""
         name = list_name(name)
-        self.app.backend.lists.seal(name, f"list:{name}")
-        return self.get(name)
+        self.app.backend.lists.seal(name, f"list:{name}", conn)
+        return self._get(name, conn)
 
     def drop(self, name: str) -> bool:
         """Delete a list, its items, reservations and bookkeeping; False if there was none."""
@@ -207,7 +213,7 @@ class Lists:
 
     # -- handing out ----------------------------------------------------------------------
     def reserve(self, name: str, k: int = 1, *, ttr: float | None = None,
-                request_id: str | None = None) -> Reservation | None:
+                request_id: str | None = None, conn: Any = None) -> Reservation | None:
         """Reserve up to ``k`` positions for ``ttr`` seconds (default: the list's): those of
         a reservation that timed out or was given back first, else the next fresh ones.
         None when nothing can be handed out now (all done, or all held by others).
@@ -224,7 +230,7 @@ class Lists:
             request_id = validate.text(request_id, "request_id", MAX_REQUEST_ID)
             if not request_id:
                 raise InvalidOption("request_id must not be empty")
-        got = self.app.backend.lists.reserve(name, k, ttr, request_id)
+        got = self.app.backend.lists.reserve(name, k, ttr, request_id, conn)
         if got is None:
             self._exists(name)
         return got
@@ -237,53 +243,57 @@ class Lists:
         return [(p, json.loads(text)) for p, text in self.app.backend.lists.items(name, ranges)]
 
     def complete(self, target: Target, token: str | None = None,
-                 positions: Iterable[int] | None = None) -> ListCompletion:
+                 positions: Iterable[int] | None = None, *, conn: Any = None) -> ListCompletion:
         """Mark positions done (default: every position the reservation holds). Give the
         :class:`Reservation`, or the list's name and the token. Positions the reservation
         does not hold raise :class:`~justonce.errors.PositionNotReserved`, a stale token
         :class:`~justonce.errors.StaleReservation`; either way nothing changes."""
         name, row_id, secret = self._target(target, token)
         failpoints.hit("list.before_complete")
-        return self.app.backend.lists.complete(name, row_id, secret, _positions(positions))
+        return self.app.backend.lists.complete(name, row_id, secret, _positions(positions), conn)
 
     def touch(self, target: Target, token: str | None = None, *,
-              ttr: float | None = None) -> datetime:
+              ttr: float | None = None, conn: Any = None) -> datetime:
         """Extend a reservation's time to run to ``ttr`` seconds from now (default: its
         own TTR); the new expiry time."""
         name, row_id, secret = self._target(target, token)
         if ttr is not None:
             ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
-        return self.app.backend.lists.touch(name, row_id, secret, ttr)
+        return self.app.backend.lists.touch(name, row_id, secret, ttr, conn)
 
     def release(self, target: Target, token: str | None = None, *, delay: float = 0.0,
-                positions: Iterable[int] | None = None) -> int:
+                positions: Iterable[int] | None = None, conn: Any = None) -> int:
         """Give positions back (default: all), to be handed out again after ``delay``
         seconds; the number given back (done ones are not). Releasing all of them ends
         the reservation: its token is refused from then on."""
         name, row_id, secret = self._target(target, token)
         delay = validate.bounded(delay, "delay", 0.0, validate.MAX_DELAY_SECONDS)
-        return self.app.backend.lists.release(name, row_id, secret, delay, _positions(positions))
+        return self.app.backend.lists.release(name, row_id, secret, delay, _positions(positions), conn)
 
     def bury(self, target: Target, token: str | None = None, *,
-             positions: Iterable[int] | None = None, reason: str | None = None) -> int:
+             positions: Iterable[int] | None = None, reason: str | None = None,
+             conn: Any = None) -> int:
         """Park positions (default: all) until an operator kicks them: they are not handed
         out, and the list cannot complete while any is buried."""
         name, row_id, secret = self._target(target, token)
         if reason is not None:
             reason = validate.error_text(validate.text(reason, "reason", validate.MAX_ERROR_CHARS))
-        return self.app.backend.lists.bury(name, row_id, secret, _positions(positions), reason)
+        return self.app.backend.lists.bury(name, row_id, secret, _positions(positions), reason, conn)
 
-    def kick(self, name: str, limit: int = MAX_ITEMS) -> int:
+    def kick(self, name: str, limit: int = MAX_ITEMS, *, conn: Any = None) -> int:
         """Hand buried positions out again (oldest first, up to ``limit``), with their
         attempts counted afresh; how many were kicked."""
         name = list_name(name)
         limit = validate.count(limit, "limit", MAX_ITEMS)
         self._exists(name)
-        return self.app.backend.lists.kick(name, limit)
+        return self.app.backend.lists.kick(name, limit, conn)
 
     # -- reading --------------------------------------------------------------------------
     def get(self, name: str) -> ListInfo:
-        info = self.app.backend.lists.info(list_name(name))
+        return self._get(name)
+
+    def _get(self, name: str, conn: Any = None) -> ListInfo:
+        info = self.app.backend.lists.info(list_name(name), conn)
         if info is None:
             raise ListNotFound(f"no list named {name!r}")
         return info
@@ -306,11 +316,21 @@ class Lists:
             validate.bounded(retention, "retention", 0.0, validate.MAX_DELAY_SECONDS))
 
     # -- the trigger ----------------------------------------------------------------------
-    def run_next(self, name: str, *, ttr: float | None = None) -> ListRun | None:
+    def run_next(self, name: str, *, ttr: float | None = None,
+                 on_step: Callable[[Any, ListRun], None] | None = None) -> ListRun | None:
         """Reserve the next position, run the list's task on its item here, and complete
         it. A task that raises releases the position after its backoff, or buries it on
-        the list's last attempt. None when nothing can be handed out now."""
+        the list's last attempt. None when nothing can be handed out now.
+
+        A run commits in two steps, around the task: the reservation, then its end
+        (completion, release or burial). ``on_step(conn, run)`` is called in each step's
+        transaction before it commits, so what it writes on ``conn`` commits with that
+        step or not at all (the service writes its audit rows so): once with outcome
+        ``running`` (``item`` None) when the position is reserved, once with the outcome
+        (for ``stale``, which changes nothing, in a transaction of its own)."""
         name = list_name(name)
+        if on_step is not None and not callable(on_step):
+            raise InvalidOption(f"on_step must be callable, not {validate.shown(on_step)}")
         if ttr is not None:
             ttr = validate.bounded(ttr, "ttr", 0.001, MAX_TTR)
         meta = self.app.backend.lists.task(name)
@@ -323,35 +343,63 @@ class Lists:
         if task is None:
             raise UnknownTask(f"list {name!r} runs task {task_name!r}, which is not registered here")
         started = time.monotonic()
-        res = self.reserve(name, 1, ttr=ttr)
+        if on_step is None:
+            res = self.reserve(name, 1, ttr=ttr)
+        else:
+            with self.app.backend.transaction() as conn:
+                res = self.reserve(name, 1, ttr=ttr, conn=conn)
+                if res is not None:
+                    on_step(conn, ListRun(name, res.ranges[0][0], None, res.attempt, "running"))
         if res is None:
             return None
         (position, item), = self.items(res)
         if time.monotonic() >= started + res.ttr - min(res.ttr / 5, 2.0):
             # Paused past (nearly) all of the time to run before the task could start: the
             # position may be another reserver's by now. Give it back, start nothing.
-            with contextlib.suppress(StaleReservation):
-                self.release(res)
-            return ListRun(name, position, item, res.attempt, "late")
+            def late(conn: Any) -> ListRun:
+                with contextlib.suppress(StaleReservation):
+                    self.release(res, conn=conn)
+                return ListRun(name, position, item, res.attempt, "late")
+
+            return self._end(late, on_step)
         try:
             result = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
             validate.result_json(result)
         except Exception as exc:  # noqa: BLE001 - the task's failure is the answer
             error = validate.exception_text(exc)
+
+            def failed(conn: Any) -> ListRun:
+                try:
+                    if res.attempt >= max_attempts:
+                        self.bury(res, reason=error, conn=conn)
+                        return ListRun(name, position, item, res.attempt, "buried", error=error)
+                    self.release(res, delay=task.retry_delay(res.attempt), conn=conn)
+                    return ListRun(name, position, item, res.attempt, "released", error=error)
+                except StaleReservation:
+                    return ListRun(name, position, item, res.attempt, "stale", error=error)
+
+            return self._end(failed, on_step)
+
+        def succeeded(conn: Any) -> ListRun:
             try:
-                if res.attempt >= max_attempts:
-                    self.bury(res, reason=error)
-                    return ListRun(name, position, item, res.attempt, "buried", error=error)
-                self.release(res, delay=task.retry_delay(res.attempt))
-                return ListRun(name, position, item, res.attempt, "released", error=error)
-            except StaleReservation:
-                return ListRun(name, position, item, res.attempt, "stale", error=error)
-        try:
-            done = self.complete(res)
-        except StaleReservation as exc:
-            return ListRun(name, position, item, res.attempt, "stale", result, str(exc))
-        return ListRun(name, position, item, res.attempt, "completed", result,
-                       list_completed=done.list_completed)
+                done = self.complete(res, conn=conn)
+            except StaleReservation as exc:
+                return ListRun(name, position, item, res.attempt, "stale", result, str(exc))
+            return ListRun(name, position, item, res.attempt, "completed", result,
+                           list_completed=done.list_completed)
+
+        return self._end(succeeded, on_step)
+
+    def _end(self, step: Callable[[Any], ListRun],
+             on_step: Callable[[Any, ListRun], None] | None) -> ListRun:
+        """Run the step that ends a run, with ``on_step`` in its transaction (a stale
+        reservation's step is rolled back to its savepoint: the transaction goes on)."""
+        if on_step is None:
+            return step(None)
+        with self.app.backend.transaction() as conn:
+            run = step(conn)
+            on_step(conn, run)
+        return run
 
     def drain(self, name: str, *, poll: float = 0.2, stop: Any = None) -> Iterator[ListRun]:
         """``run_next`` until the list has nothing ready or reserved (positions held by

@@ -107,15 +107,16 @@ class Backend(Protocol):
     def job_get(self, job_id: int) -> Job | None:
         """The job, or None."""
 
-    def job_cancel(self, job_id: int) -> Job | None:
+    def job_cancel(self, job_id: int, conn: Any = None) -> Job | None:
         """scheduled / ready / running → cancelled. None when the job is not live
         (the caller tells 'not found' from 'already finished'). A running job's worker
         is fenced out: its completion will be rejected. A job's batch item is marked
-        failed in the same transaction."""
+        failed in the same transaction (``conn``'s, when given: see :meth:`transaction`)."""
 
-    def job_retry(self, job_id: int) -> Job | None:
+    def job_retry(self, job_id: int, conn: Any = None) -> Job | None:
         """dead / cancelled → ready with attempts reset. None when not in those states.
-        Raises KeyConflict when another live job holds the key."""
+        Raises KeyConflict when another live job holds the key (with ``conn``, the caller's
+        transaction is left as it was before the call)."""
 
     def queue_counts(self) -> list[QueueCount]: ...
 
@@ -277,17 +278,19 @@ class Backend(Protocol):
         """running → pending (claimable again), fenced by the claim's token."""
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
-                       force: bool) -> bool:
+                       force: bool, conn: Any = None) -> bool:
         """An entry in doubt (or, with ``force``, running) → ``state`` (done / pending)."""
 
     def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
-                            force: bool) -> list[str]:
+                            force: bool, conn: Any = None) -> list[str]:
         """``effect_resolve`` for many distinct keys, locked in key order, in transactions
-        of up to a few thousand keys each (not atomic as a whole). Returns the keys
+        of up to a few thousand keys each (not atomic as a whole; with ``conn``, all in the
+        caller's transaction). Returns the keys
         resolved; a key not in the answer was not in doubt (or not running, with ``force``)
         or does not exist."""
 
-    def effect_get(self, scope: str, key: str) -> EffectInfo | None: ...
+    def effect_get(self, scope: str, key: str, conn: Any = None) -> EffectInfo | None:
+        """The entry, or None (``conn``: as the caller's transaction sees it)."""
 
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]: ...
 
@@ -307,14 +310,16 @@ class Backend(Protocol):
         """(how many jobs ``action`` ("cancel": live ones; "retry": dead or cancelled ones
         whose key no live job holds) would act on, the highest such id or None)."""
 
-    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0,
+                             conn: Any = None) -> tuple[int, int]:
         """Cancel up to ``limit`` live jobs matching ``where`` with ids above ``after``
         (lowest ids first) in one transaction, marking their batch items failed in it;
         returns (how many, the highest id taken, or ``after``). Call again with that id
         until fewer than ``limit`` come back (a bounded chunk per transaction keeps locks
         short; each job is taken at most once)."""
 
-    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0,
+                            conn: Any = None) -> tuple[int, int]:
         """Make up to ``limit`` dead or cancelled jobs matching ``where`` with ids above
         ``after`` ready again, in one transaction (never two live jobs of one key: see
         ``match_retry``); returns as :meth:`jobs_cancel_matching` does."""
@@ -325,12 +330,13 @@ class Backend(Protocol):
         (``estimated=True``) instead of counting every row. Paused queues are listed
         (with their pause) whether they hold jobs or not."""
 
-    def queue_pause(self, queue: str, actor: str | None, note: str | None) -> QueuePause:
+    def queue_pause(self, queue: str, actor: str | None, note: str | None,
+                    conn: Any = None) -> QueuePause:
         """Pause ``queue`` (a no-op when it is paused: the first pause stays, and the answer
         says ``already``); the pause in force. Atomic: every claim that starts after this
         commits skips the queue."""
 
-    def queue_resume(self, queue: str) -> bool:
+    def queue_resume(self, queue: str, conn: Any = None) -> bool:
         """Resume ``queue``; False when it was not paused. Atomic. Wakes workers that
         listen."""
 
@@ -366,7 +372,8 @@ class Backend(Protocol):
         """One of this backend's own connections in an open write transaction (Postgres:
         READ COMMITTED; SQLite: BEGIN IMMEDIATE), committed when the block ends and rolled
         back if it raises. Pass it as ``conn`` to the operations that take one, so that
-        they commit together (the service commits an action and its audit row so)."""
+        they commit together: the service commits every action and its audit row so (a
+        crash or a refused audit row leaves neither)."""
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
         """Lock the caller's row in its transaction on ``conn``; False: no such row."""

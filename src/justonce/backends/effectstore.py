@@ -217,11 +217,11 @@ class EffectOps:
         return bool(self.d.tx(conn, lambda c: self.d.rows(c, "effect_release", params)))
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
-                       force: bool) -> bool:
-        return bool(self.effect_resolve_many(scope, [key], state, note, force))
+                       force: bool, conn: Any = None) -> bool:
+        return bool(self.effect_resolve_many(scope, [key], state, note, force, conn))
 
     def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
-                            force: bool) -> list[str]:
+                            force: bool, conn: Any = None) -> list[str]:
         """Per transaction of up to RESOLVE_CHUNK keys: the running entries locked in key
         order, the chunks that hold some of them share-locked (so that a chunk's finisher
         cannot mark an entry done while it is resolved: it finds it taken), then those in
@@ -243,11 +243,13 @@ class EffectOps:
                 params = {"scope": scope, "keys": self.d.array(pick), "state": state, "note": note}
                 return [str(r[0]) for r in self.d.rows(c, "effect_resolve_set", params)]
 
-            out += self.d.tx(None, run)
+            out += self.d.tx(conn, run)
         return sorted(out)
 
-    def effect_get(self, scope: str, key: str) -> EffectInfo | None:
-        rows = self.d.read("effect_get", {"scope": scope, "key": key})
+    def effect_get(self, scope: str, key: str, conn: Any = None) -> EffectInfo | None:
+        params = {"scope": scope, "key": key}
+        rows = (self.d.read("effect_get", params) if conn is None
+                else self.d.on(conn, lambda c: self.d.rows(c, "effect_get", params)))
         return self._effect(rows[0]) if rows else None
 
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]:

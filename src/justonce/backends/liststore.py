@@ -140,17 +140,18 @@ class ListOps:
 
     # -- loading ------------------------------------------------------------------------------
     def create(self, name: str, task: str | None, ttr: float, max_attempts: int,
-               callbacks: dict[str, Any]) -> int:
+               callbacks: dict[str, Any], conn: Any = None) -> int:
         params = {"name": name, "task": task, "ttr": ttr, "max_attempts": max_attempts,
                   "callbacks": _dumps(callbacks)}
         try:
-            return int(self.d.tx(None, lambda c: self.d.rows(c, "list_create", params))[0][0])
+            return int(self.d.tx(conn, lambda c: self.d.rows(c, "list_create", params))[0][0])
         except Exception as exc:
             if self.d.is_unique_violation(exc):
                 raise ListExists(f"a list named {name!r} exists already") from None
             raise
 
-    def append(self, name: str, items: Sequence[str], max_total: int) -> tuple[int, int]:
+    def append(self, name: str, items: Sequence[str], max_total: int,
+               conn: Any = None) -> tuple[int, int]:
         """Append items (JSON texts) at the end, in one transaction; (first position, new
         total)."""
         def run(c: Any) -> tuple[int, int]:
@@ -165,7 +166,7 @@ class ListOps:
             self.d.many(c, "list_grow", [{"id": lst.id, "total": start + len(items)}])
             return start, start + len(items)
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
     def insert_items(self, c: Any, list_id: int, start: int, items: Sequence[str]) -> None:
         """Insert items at positions ``start, start+1, ...`` (a dialect may do it faster)."""
@@ -173,7 +174,7 @@ class ListOps:
             {"list_id": list_id, "position": start + i, "item": item} for i, item in enumerate(items)
         ])
 
-    def seal(self, name: str, description: str) -> bool:
+    def seal(self, name: str, description: str, conn: Any = None) -> bool:
         """Seal a loading list: its batch is opened, given one group of ``total`` items and
         sealed, in one transaction (an empty list completes here). False when it was sealed
         already."""
@@ -189,7 +190,7 @@ class ListOps:
                 self.d.many(c, "list_finish", [{"batch_id": batch_id}])
             return True
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
     def drop(self, name: str) -> bool:
         def run(c: Any) -> bool:
@@ -207,7 +208,7 @@ class ListOps:
 
     # -- handing out --------------------------------------------------------------------------
     def reserve(self, name: str, k: int, ttr: float | None,
-                request_id: str | None) -> Reservation | None:
+                request_id: str | None, conn: Any = None) -> Reservation | None:
         """Up to ``k`` positions: first those of a due row (timed out, released, kicked),
         then fresh ones from the cursor. None when there is nothing to hand out now."""
         if request_id is not None:
@@ -215,7 +216,7 @@ class ListOps:
             if again is not None:
                 return again
         try:
-            return self.d.tx(None, lambda c: self._reserve(c, name, k, ttr, request_id))
+            return self.d.tx(conn, lambda c: self._reserve(c, name, k, ttr, request_id))
         except Exception as exc:
             # Two calls with one request id raced: the other one's reservation is the answer.
             if request_id is not None and self.d.is_unique_violation(exc):
@@ -279,7 +280,7 @@ class ListOps:
 
     # -- the holder's writes --------------------------------------------------------------------
     def complete(self, name: str, row_id: int, secret: str,
-                 positions: Sequence[int] | None) -> ListCompletion:
+                 positions: Sequence[int] | None, conn: Any = None) -> ListCompletion:
         def run(c: Any) -> ListCompletion:
             row, lst = self._holder(c, name, row_id, secret)
             want = list(each(row.held)) if positions is None else self._inside(row, positions)
@@ -305,9 +306,10 @@ class ListOps:
                 completed = True
             return ListCompletion(newly, already, completed)
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
-    def touch(self, name: str, row_id: int, secret: str, ttr: float | None) -> datetime:
+    def touch(self, name: str, row_id: int, secret: str, ttr: float | None,
+              conn: Any = None) -> datetime:
         def run(c: Any) -> datetime:
             row, _ = self._holder(c, name, row_id, secret)
             self.d.many(c, "list_reservation_touch",
@@ -315,20 +317,20 @@ class ListOps:
             rows = self.d.rows(c, "list_reservation_due", {"id": row.id})
             return self.d.time(rows[0][0])  # type: ignore[return-value]
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
     def release(self, name: str, row_id: int, secret: str, delay: float,
-                positions: Sequence[int] | None) -> int:
+                positions: Sequence[int] | None, conn: Any = None) -> int:
         """Give positions back (all held ones by default), to be handed out again after
         ``delay`` s; the number given back that were not done."""
-        return self._move_out(name, row_id, secret, positions, "free", delay, None)
+        return self._move_out(name, row_id, secret, positions, "free", delay, None, conn)
 
     def bury(self, name: str, row_id: int, secret: str, positions: Sequence[int] | None,
-             reason: str | None) -> int:
-        return self._move_out(name, row_id, secret, positions, "buried", None, reason)
+             reason: str | None, conn: Any = None) -> int:
+        return self._move_out(name, row_id, secret, positions, "buried", None, reason, conn)
 
     def _move_out(self, name: str, row_id: int, secret: str, positions: Sequence[int] | None,
-                  state: str, delay: float | None, reason: str | None) -> int:
+                  state: str, delay: float | None, reason: str | None, conn: Any = None) -> int:
         def run(c: Any) -> int:
             row, lst = self._holder(c, name, row_id, secret)
             out = list(each(row.held)) if positions is None else self._inside(row, positions)
@@ -351,10 +353,10 @@ class ListOps:
                 "pending": row.pending - len(open_)}])
             return len(open_)
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
     # -- operators ----------------------------------------------------------------------------
-    def kick(self, name: str, limit: int) -> int:
+    def kick(self, name: str, limit: int, conn: Any = None) -> int:
         """Buried rows (oldest first) back to be handed out now, with their attempts
         counted from zero, until ``limit`` positions are kicked; how many were."""
         def run(c: Any) -> int:
@@ -368,7 +370,7 @@ class ListOps:
                 kicked += row.pending
             return kicked
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
     def buried(self, name: str, limit: int) -> list[BuriedRange]:
         rows = self.d.read("list_buried", {"name": name, "limit": limit})
@@ -387,8 +389,10 @@ class ListOps:
         rows = self.d.read("list_task", {"name": name})
         return (rows[0][0], int(rows[0][1])) if rows else None
 
-    def info(self, name: str) -> ListInfo | None:
-        rows = self.d.read("list_get", {"name": name})
+    def info(self, name: str, conn: Any = None) -> ListInfo | None:
+        """The list as committed, or (``conn``) as the caller's transaction sees it."""
+        rows = (self.d.read("list_get", {"name": name}) if conn is None
+                else self.d.on(conn, lambda c: self.d.rows(c, "list_get", {"name": name})))
         return self._info(rows[0]) if rows else None
 
     def all(self, limit: int) -> list[ListInfo]:

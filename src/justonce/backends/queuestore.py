@@ -29,7 +29,8 @@ class QueueOps:
     def _pause(self, r: Any) -> QueuePause:
         return QueuePause(r[0], self.d.time(r[1]), r[2], r[3])  # type: ignore[arg-type]
 
-    def queue_pause(self, queue: str, actor: str | None, note: str | None) -> QueuePause:
+    def queue_pause(self, queue: str, actor: str | None, note: str | None,
+                    conn: Any = None) -> QueuePause:
         def run(c: Any) -> QueuePause:
             for _ in range(ROUNDS):
                 # A row back: this call made the pause (none: the queue was paused already).
@@ -40,11 +41,11 @@ class QueueOps:
                 # The pause we found in place was resumed before we read it: pause again.
             raise DatabaseUnavailable(f"could not pause queue {queue!r}")  # pragma: no cover
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
-    def queue_resume(self, queue: str) -> bool:
+    def queue_resume(self, queue: str, conn: Any = None) -> bool:
         params = {"queue": queue, "channel": self.d.channel}
-        return bool(self.d.tx(None, lambda c: self.d.rows(c, "queue_resume", params)))
+        return bool(self.d.tx(conn, lambda c: self.d.rows(c, "queue_resume", params)))
 
     def queue_pauses(self) -> list[QueuePause]:
         return [self._pause(r) for r in self.d.read("queue_pauses", {})]

@@ -54,7 +54,8 @@ class ServiceOps:
         count, max_id = self.d.read(f"jobs_count_{action}", self.filter_params(where))[0]
         return int(count), (int(max_id) if max_id is not None else None)
 
-    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0,
+                             conn: Any = None) -> tuple[int, int]:
         """Cancel one chunk of the matching jobs with ids above ``after``: (how many, the
         highest id taken, or ``after`` when none was)."""
         params = {**self.filter_params(where), "limit": limit, "after": after}
@@ -64,9 +65,10 @@ class ServiceOps:
             self.batches.resolve_job_items(c, [r[1] for r in rows], "cancelled")
             return _chunk_taken(rows, after)
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
-    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
+    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0,
+                            conn: Any = None) -> tuple[int, int]:
         """Retry one chunk (see :meth:`jobs_cancel_matching`). A keyed job is left out while
         a live job holds its key; one enqueued after that check and before the chunk's
         update fails the chunk on the key's unique index: the chunk is tried again, and
@@ -78,7 +80,7 @@ class ServiceOps:
 
         for _ in range(KEY_ROUNDS):
             try:
-                return self.d.tx(None, run)
+                return self.d.tx(conn, run)  # (with conn: under a savepoint, tried again)
             except Exception as exc:
                 if not self.d.is_unique_violation(exc):
                     raise

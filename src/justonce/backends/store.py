@@ -178,7 +178,7 @@ class Store:
         rows = self.d.read_dicts("job_get", {"id": job_id})
         return job_from_row(rows[0]) if rows else None
 
-    def job_cancel(self, job_id: int) -> Job | None:
+    def job_cancel(self, job_id: int, conn: Any = None) -> Job | None:
         def run(c: Any) -> Job | None:
             rows = self.d.dicts(c, "job_cancel", {"id": job_id})
             if not rows:
@@ -186,11 +186,13 @@ class Store:
             self.batches.resolve_job_items(c, [rows[0]["batch_item"]], "cancelled")
             return job_from_row(rows[0])
 
-        return self.d.tx(None, run)
+        return self.d.tx(conn, run)
 
-    def job_retry(self, job_id: int) -> Job | None:
+    def job_retry(self, job_id: int, conn: Any = None) -> Job | None:
+        params = {"id": job_id, "channel": self.d.channel}
         try:
-            rows = self.d.write_dicts("job_retry", {"id": job_id, "channel": self.d.channel})
+            rows = (self.d.write_dicts("job_retry", params) if conn is None
+                    else self.d.tx(conn, lambda c: self.d.dicts(c, "job_retry", params)))
         except Exception as exc:
             if self.d.is_unique_violation(exc):
                 raise KeyConflict(
@@ -219,11 +221,12 @@ class Store:
                            estimated, pauses.get(q)) for q, c in sorted(counts.items())]
 
     # -- paused queues (queuestore.py) ------------------------------------------------------
-    def queue_pause(self, queue: str, actor: str | None, note: str | None) -> QueuePause:
-        return self.queues.queue_pause(queue, actor, note)
+    def queue_pause(self, queue: str, actor: str | None, note: str | None,
+                    conn: Any = None) -> QueuePause:
+        return self.queues.queue_pause(queue, actor, note, conn)
 
-    def queue_resume(self, queue: str) -> bool:
-        return self.queues.queue_resume(queue)
+    def queue_resume(self, queue: str, conn: Any = None) -> bool:
+        return self.queues.queue_resume(queue, conn)
 
     def queue_pauses(self) -> list[QueuePause]:
         return self.queues.queue_pauses()
@@ -460,15 +463,15 @@ class Store:
         return self.effects.effect_release(scope, key, token, error, conn)
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
-                       force: bool) -> bool:
-        return self.effects.effect_resolve(scope, key, state, note, force)
+                       force: bool, conn: Any = None) -> bool:
+        return self.effects.effect_resolve(scope, key, state, note, force, conn)
 
     def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
-                            force: bool) -> list[str]:
-        return self.effects.effect_resolve_many(scope, keys, state, note, force)
+                            force: bool, conn: Any = None) -> list[str]:
+        return self.effects.effect_resolve_many(scope, keys, state, note, force, conn)
 
-    def effect_get(self, scope: str, key: str) -> EffectInfo | None:
-        return self.effects.effect_get(scope, key)
+    def effect_get(self, scope: str, key: str, conn: Any = None) -> EffectInfo | None:
+        return self.effects.effect_get(scope, key, conn)
 
     def effects_in_doubt(self, scope: str | None, limit: int) -> list[EffectInfo]:
         return self.effects.effects_in_doubt(scope, limit)
@@ -484,11 +487,13 @@ class Store:
     def jobs_count_matching(self, action: str, where: JobFilter) -> tuple[int, int | None]:
         return self.service.jobs_count_matching(action, where)
 
-    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
-        return self.service.jobs_cancel_matching(where, limit, after)
+    def jobs_cancel_matching(self, where: JobFilter, limit: int, after: int = 0,
+                             conn: Any = None) -> tuple[int, int]:
+        return self.service.jobs_cancel_matching(where, limit, after, conn)
 
-    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0) -> tuple[int, int]:
-        return self.service.jobs_retry_matching(where, limit, after)
+    def jobs_retry_matching(self, where: JobFilter, limit: int, after: int = 0,
+                            conn: Any = None) -> tuple[int, int]:
+        return self.service.jobs_retry_matching(where, limit, after, conn)
 
     def token_create(self, name: str, scope: str, secret_hash: str, prefix: str) -> TokenInfo:
         return self.service.token_create(name, scope, secret_hash, prefix)

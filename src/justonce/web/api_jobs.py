@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
@@ -11,7 +11,7 @@ from ..models import JobFilter
 from ..tasks import Enqueue
 from ..types import JobState
 from . import schemas as S
-from .auth import Principal, audit, audit_applied_before, require_admin, require_read
+from .auth import Principal, audit, require_admin, require_read
 from .problems import ERRORS
 
 router = APIRouter(responses=ERRORS)
@@ -92,16 +92,20 @@ def get_job(job_id: JobId, request: Request, who: Reader) -> S.JobOut:
 @router.post("/jobs/{job_id}/cancel", response_model=S.JobOut, tags=["jobs"])
 def cancel_job(job_id: JobId, request: Request, who: Admin) -> S.JobOut:
     """Cancel a scheduled, ready or running job (409 when it is finished)."""
-    job = _app(request).cancel(job_id)
-    audit(request, who, "job.cancel", f"job:{job_id}", 1)
+    app = _app(request)
+    with app.backend.transaction() as conn:  # the change and its audit row commit together
+        job = app.cancel(job_id, conn=conn)
+        audit(request, who, "job.cancel", f"job:{job_id}", 1, conn=conn)
     return S.JobOut.model_validate(job)
 
 
 @router.post("/jobs/{job_id}/retry", response_model=S.JobOut, tags=["jobs"])
 def retry_job(job_id: JobId, request: Request, who: Admin) -> S.JobOut:
     """Make a dead or cancelled job ready again (409 otherwise, or when its key is taken)."""
-    job = _app(request).retry(job_id)
-    audit(request, who, "job.retry", f"job:{job_id}", 1)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        job = app.retry(job_id, conn=conn)
+        audit(request, who, "job.retry", f"job:{job_id}", 1, conn=conn)
     return S.JobOut.model_validate(job)
 
 
@@ -117,19 +121,26 @@ def preview(body: S.PreviewIn, request: Request, who: Reader) -> S.PreviewOut:
 @router.post("/jobs/actions/apply", response_model=S.ApplyOut, tags=["jobs"])
 def apply(body: S.ApplyIn, request: Request, who: Admin) -> S.ApplyOut:
     """Apply the action to every matching job with ``id <= max_id`` (the preview's), in
-    chunks of 1,000 (one transaction each). 409 CountChanged, with nothing changed, when
-    more jobs match than ``expected + tolerance``; fewer is fine (some finished)."""
+    chunks of 1,000 (one transaction each, with its own audit row). 409 CountChanged, with
+    nothing changed, when more jobs match than ``expected + tolerance``; fewer is fine
+    (some finished)."""
     app = _app(request)
     where = _filter(app, body.filter, body.max_id)
+    action = f"jobs.{body.action}_matching"
     shown = {"filter": body.filter.model_dump(mode="json", exclude_none=True), "max_id": body.max_id,
              "previewed": body.expected}
-    try:
-        applied = app.apply_matching(body.action, where, expected=body.expected,
-                                     tolerance=body.tolerance)
-    except Exception as exc:
-        audit_applied_before(request, who, f"jobs.{body.action}_matching", "jobs", exc, **shown)
-        raise
-    audit(request, who, f"jobs.{body.action}_matching", "jobs", applied, **shown)
+    chunks = 0
+
+    def audit_chunk(conn: Any, n: int) -> None:
+        nonlocal chunks
+        chunks += 1
+        audit(request, who, action, "jobs", n, conn=conn, **shown, chunk=chunks)
+
+    applied = app.apply_matching(body.action, where, expected=body.expected,
+                                 tolerance=body.tolerance, on_chunk=audit_chunk)
+    if not applied:  # nothing changed: the call itself is still on the trail
+        with app.backend.transaction() as conn:
+            audit(request, who, action, "jobs", 0, conn=conn, **shown)
     return S.ApplyOut(action=body.action, previewed=body.expected, applied=applied)
 
 
@@ -145,14 +156,18 @@ def pause_queue(queue: QueueName, request: Request, who: Admin, body: S.PauseIn 
     """Pause a queue: no worker claims its jobs (on any machine) until it is resumed; jobs
     already running finish, and jobs can still be enqueued (they wait). Pausing a paused
     queue changes nothing: the answer is the pause in force, with ``already: true``."""
-    pause = _app(request).pause_queue(queue, note=body.note if body else None, actor=who.name)
-    audit(request, who, "queue.pause", f"queue:{queue}", None, already=pause.already)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        pause = app.pause_queue(queue, note=body.note if body else None, actor=who.name, conn=conn)
+        audit(request, who, "queue.pause", f"queue:{queue}", None, conn=conn, already=pause.already)
     return S.PauseOut.model_validate(pause)
 
 
 @router.post("/queues/{queue}/resume", response_model=S.ResumeOut, tags=["queues"])
 def resume_queue(queue: QueueName, request: Request, who: Admin) -> S.ResumeOut:
     """Resume a paused queue (``resumed: false`` when it was not paused)."""
-    resumed = _app(request).resume_queue(queue)
-    audit(request, who, "queue.resume", f"queue:{queue}", None, resumed=resumed)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        resumed = app.resume_queue(queue, conn=conn)
+        audit(request, who, "queue.resume", f"queue:{queue}", None, conn=conn, resumed=resumed)
     return S.ResumeOut(queue=queue, resumed=resumed)

@@ -2,7 +2,8 @@
 over ``app.lists``.
 
 Reads take a read token; every call that changes a list takes an admin token and is
-written to the audit trail, like every other action of the service. Reservation tokens
+written to the audit trail in the change's own transaction, like every other action of
+the service. Reservation tokens
 travel in request bodies, never in URLs (URLs end up in proxy logs), and the audit keeps
 a reservation's id, never its secret.
 
@@ -19,7 +20,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from ..app import App
-from ..lists import LOAD_CHUNK, MAX_ITEMS, parse_token
+from ..lists import LOAD_CHUNK, MAX_ITEMS, ListRun, parse_token
 from ..models import ListInfo, Reservation
 from ..validate import shown
 from . import list_schemas as S
@@ -131,9 +132,12 @@ def create_list(body: S.ListCreateIn, request: Request, who: Admin) -> S.ListOut
     """Create a list, load ``items`` (at most 10,000 here: append more), and seal it unless
     ``seal`` is false. Every item is checked before anything is stored."""
     app = _app(request)
-    info = app.lists.create(body.name, task=body.task, items=body.items, seal=body.seal, ttr=body.ttr,
-                            max_attempts=body.max_attempts, on_complete=body.on_complete)
-    audit(request, who, "list.create", f"list:{info.name}", info.progress.total, sealed=body.seal)
+    with app.backend.transaction() as conn:  # the list, its items and its audit row
+        info = app.lists.create(body.name, task=body.task, items=body.items, seal=body.seal,
+                                ttr=body.ttr, max_attempts=body.max_attempts,
+                                on_complete=body.on_complete, conn=conn)
+        audit(request, who, "list.create", f"list:{info.name}", info.progress.total, conn=conn,
+              sealed=body.seal)
     return _out(info)
 
 
@@ -145,8 +149,9 @@ def append(name: Name, request: Request, who: Admin,
     of them or (a bad item, a sealed list) none. The body is a JSON array, or JSON lines
     with ``Content-Type: application/x-ndjson``."""
     app = _app(request)
-    n = app.lists.append(name, items)  # one chunk: every item is checked before it is stored
-    audit(request, who, "list.append", f"list:{name}", n)
+    with app.backend.transaction() as conn:  # one chunk: every item is checked before it is stored
+        n = app.lists.append(name, items, conn=conn)
+        audit(request, who, "list.append", f"list:{name}", n, conn=conn)
     return S.AppendOut(appended=n, total=app.lists.progress(name).total)
 
 
@@ -154,8 +159,10 @@ def append(name: Name, request: Request, who: Admin,
 def seal(name: Name, request: Request, who: Admin) -> S.ListOut:
     """No more items; positions can be reserved from now on. An empty list completes at
     once. Sealing a sealed list changes nothing."""
-    info = _app(request).lists.seal(name)
-    audit(request, who, "list.seal", f"list:{name}", info.progress.total)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        info = app.lists.seal(name, conn=conn)
+        audit(request, who, "list.seal", f"list:{name}", info.progress.total, conn=conn)
     return _out(info)
 
 
@@ -166,11 +173,13 @@ def reserve(name: Name, body: S.ReserveIn, request: Request, who: Admin) -> Any:
     first, else fresh ones. 204 when nothing can be handed out now. With ``request_id``,
     asking again after a lost answer gets the same reservation."""
     app = _app(request)
-    res = app.lists.reserve(name, body.k, ttr=body.ttr, request_id=body.request_id)
+    with app.backend.transaction() as conn:
+        res = app.lists.reserve(name, body.k, ttr=body.ttr, request_id=body.request_id, conn=conn)
+        if res is not None:
+            audit(request, who, "list.reserve", f"list:{name}", res.count, conn=conn,
+                  reservation=_reservation_id(res.token), request_id=body.request_id)
     if res is None:
         return Response(status_code=204)
-    audit(request, who, "list.reserve", f"list:{name}", res.count,
-          reservation=_reservation_id(res.token), request_id=body.request_id)
     return _reservation(app, res, body.items)
 
 
@@ -178,8 +187,11 @@ def reserve(name: Name, body: S.ReserveIn, request: Request, who: Admin) -> Any:
 def touch(name: Name, body: S.TouchIn, request: Request, who: Admin) -> S.TouchOut:
     """Extend a reservation's time to run; 409 StaleReservation when it no longer holds
     its positions."""
-    expires = _app(request).lists.touch(name, body.token, ttr=body.ttr)
-    audit(request, who, "list.touch", f"list:{name}", None, reservation=_reservation_id(body.token))
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        expires = app.lists.touch(name, body.token, ttr=body.ttr, conn=conn)
+        audit(request, who, "list.touch", f"list:{name}", None, conn=conn,
+              reservation=_reservation_id(body.token))
     return S.TouchOut(expires_at=expires)
 
 
@@ -188,9 +200,11 @@ def complete(name: Name, body: S.CompleteIn, request: Request, who: Admin) -> S.
     """Mark positions done (default: all the reservation holds). 409 StaleReservation for
     a token that no longer holds them, 409 PositionNotReserved for a position it does not
     hold; either way nothing changes."""
-    done = _app(request).lists.complete(name, body.token, body.positions)
-    audit(request, who, "list.complete", f"list:{name}", done.completed,
-          reservation=_reservation_id(body.token), list_completed=done.list_completed)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        done = app.lists.complete(name, body.token, body.positions, conn=conn)
+        audit(request, who, "list.complete", f"list:{name}", done.completed, conn=conn,
+              reservation=_reservation_id(body.token), list_completed=done.list_completed)
     return S.CompleteOut(completed=done.completed, already=list(done.already),
                          list_completed=done.list_completed)
 
@@ -198,25 +212,32 @@ def complete(name: Name, body: S.CompleteIn, request: Request, who: Admin) -> S.
 @router.post("/lists/{name}/release", response_model=S.ReleaseOut)
 def release(name: Name, body: S.ReleaseIn, request: Request, who: Admin) -> S.ReleaseOut:
     """Give positions back (default: all), handed out again after ``delay`` seconds."""
-    n = _app(request).lists.release(name, body.token, delay=body.delay, positions=body.positions)
-    audit(request, who, "list.release", f"list:{name}", n, reservation=_reservation_id(body.token),
-          delay=body.delay)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        n = app.lists.release(name, body.token, delay=body.delay, positions=body.positions, conn=conn)
+        audit(request, who, "list.release", f"list:{name}", n, conn=conn,
+              reservation=_reservation_id(body.token), delay=body.delay)
     return S.ReleaseOut(released=n)
 
 
 @router.post("/lists/{name}/bury", response_model=S.BuryOut)
 def bury(name: Name, body: S.BuryIn, request: Request, who: Admin) -> S.BuryOut:
     """Park positions (default: all) until kicked; the list cannot complete meanwhile."""
-    n = _app(request).lists.bury(name, body.token, positions=body.positions, reason=body.reason)
-    audit(request, who, "list.bury", f"list:{name}", n, reservation=_reservation_id(body.token))
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        n = app.lists.bury(name, body.token, positions=body.positions, reason=body.reason, conn=conn)
+        audit(request, who, "list.bury", f"list:{name}", n, conn=conn,
+              reservation=_reservation_id(body.token))
     return S.BuryOut(buried=n)
 
 
 @router.post("/lists/{name}/kick", response_model=S.KickOut)
 def kick(name: Name, request: Request, who: Admin, body: S.KickIn | None = None) -> S.KickOut:
     """Hand buried positions out again, oldest first, attempts counted afresh."""
-    n = _app(request).lists.kick(name, body.limit if body else MAX_ITEMS)
-    audit(request, who, "list.kick", f"list:{name}", n)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        n = app.lists.kick(name, body.limit if body else MAX_ITEMS, conn=conn)
+        audit(request, who, "list.kick", f"list:{name}", n, conn=conn)
     return S.KickOut(kicked=n)
 
 
@@ -225,12 +246,16 @@ def run_next(name: Name, request: Request, who: Admin, body: S.NextIn | None = N
     """Reserve the next position, run the list's task on its item in this request,
     complete it, and answer with the result (``outcome``). The service must know the task
     (``justonce serve --app mod:app``). Parallel requests run in parallel. 204 when nothing
-    can be handed out now."""
-    run = _app(request).lists.run_next(name, ttr=body.ttr if body else None)
+    can be handed out now. Two audit rows, each committed with its step: the reservation
+    (``outcome: running``) before the task runs, and the run's end after it."""
+
+    def audited(conn: Any, run: ListRun) -> None:
+        audit(request, who, "list.next", f"list:{name}", 1, conn=conn, position=run.position,
+              attempt=run.attempt, outcome=run.outcome, list_completed=run.list_completed)
+
+    run = _app(request).lists.run_next(name, ttr=body.ttr if body else None, on_step=audited)
     if run is None:
         return Response(status_code=204)
-    audit(request, who, "list.next", f"list:{name}", 1,
-          position=run.position, outcome=run.outcome, list_completed=run.list_completed)
     return S.ListRunOut(list=run.list, position=run.position, item=run.item, attempt=run.attempt,
                         outcome=run.outcome, result=run.result, error=run.error,  # type: ignore[arg-type]
                         list_completed=run.list_completed)

@@ -128,10 +128,12 @@ def in_doubt(request: Request, who: Reader, scope: str | None = None,
 @router.post("/effects/resolve", response_model=S.EffectOut, tags=["effects"])
 def resolve(body: S.ResolveIn, request: Request, who: Admin) -> S.EffectOut:
     """Resolve an effect in doubt: ``done`` true (it happened) or false (redo it)."""
-    info = _app(request).effects.resolve(body.scope, body.key, done=body.done, note=body.note,
-                                         force=body.force)
-    audit(request, who, "effect.resolve", f"effect:{info.scope}:{info.key}", 1, done=body.done,
-          note=body.note)
+    app = _app(request)
+    with app.backend.transaction() as conn:
+        info = app.effects.resolve(body.scope, body.key, done=body.done, note=body.note,
+                                   force=body.force, conn=conn)
+        audit(request, who, "effect.resolve", f"effect:{info.scope}:{info.key}", 1, conn=conn,
+              done=body.done, note=body.note)
     return S.EffectOut.model_validate(info)
 
 

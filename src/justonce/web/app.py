@@ -44,6 +44,8 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or {}).get(b"content-length")
+        if declared is not None:  # (a field value may carry spaces or tabs around it: RFC 9110 5.5)
+            declared = declared.strip(b" \t")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await self._refuse(send)
             return

@@ -20,13 +20,16 @@ The contract other parts of the service (the JSON API, the dashboard) build on:
   the sign-in, readable by scripts in the (non-HttpOnly) ``justonce_csrf`` cookie, and by
   templates as ``principal.csrf``. Bearer requests need none: a browser never adds a bearer
   header on its own, so a forged cross-site request cannot carry one.
-- :func:`audit` writes an action to the audit trail with the principal as its actor.
+- :func:`audit` writes an action to the audit trail with the principal as its actor, on
+  the action's own transaction: every route that changes something runs the change and
+  its audit row in one ``app.backend.transaction()`` (or passes :func:`audit` as the
+  hook of an action that commits in steps), so a crash, or an audit row the database
+  refuses, leaves both or neither.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import os
@@ -227,20 +230,31 @@ async def _form_field(request: Request, name: str) -> str | None:
                       str(exc)) from None
 
 
-def audit_applied_before(request: Request, principal: Principal, action: str, target: str | None,
-                         exc: BaseException, **detail: Any) -> None:
-    """An action on all matching jobs failed in a chunk: the chunks committed before it
-    (``exc.applied`` jobs) go on the audit trail too, best effort (the action's own error
-    goes on whatever happens here)."""
-    applied = getattr(exc, "applied", 0)
-    if applied:
-        with contextlib.suppress(Exception):
-            audit(request, principal, action, target, applied, **detail, error=type(exc).__name__)
+AUDIT_LIST_MOST = 100
+"""Entries of a list in an audit row's detail kept at most (an ack of 100,000 ids completes
+as many batches: their ids would pass the detail's 64 KiB, refusing the ack itself)."""
+
+
+def _bounded(detail: dict[str, Any]) -> dict[str, Any]:
+    """``detail`` with each list cut to its first AUDIT_LIST_MOST entries; a cut list
+    ``x`` is joined by ``x_total`` (its length) and ``x_cut: true``."""
+    out: dict[str, Any] = {}
+    for key, value in detail.items():
+        if isinstance(value, (list, tuple)) and len(value) > AUDIT_LIST_MOST:
+            out[key] = list(value[:AUDIT_LIST_MOST])
+            out[f"{key}_total"] = len(value)
+            out[f"{key}_cut"] = True
+        else:
+            out[key] = value
+    return out
 
 
 def audit(request: Request, principal: Principal, action: str, target: str | None = None,
-          count: int | None = None, conn: Any = None, **detail: Any) -> None:
-    """Write one action to the audit trail: who, what, on what, how many jobs. With
-    ``conn`` (from ``app.backend.transaction()``) it commits with the action itself."""
-    _auth(request).app.audit.record(action, target, count, detail, token_id=principal.token_id,
-                                    actor=principal.name, conn=conn)
+          count: int | None = None, *, conn: Any, **detail: Any) -> None:
+    """Write one action to the audit trail: who, what, on what, how many. ``conn`` is the
+    action's transaction (from ``app.backend.transaction()``, or the one a step hook is
+    given): the row commits with the action or not at all. Lists in ``detail`` are cut
+    (see :data:`AUDIT_LIST_MOST`), so that a large call is never refused for the size of
+    its audit row."""
+    _auth(request).app.audit.record(action, target, count, _bounded(detail),
+                                    token_id=principal.token_id, actor=principal.name, conn=conn)

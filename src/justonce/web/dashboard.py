@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..validate import plain_int, shown
 from . import session
-from .auth import FormError, Principal, audit, audit_applied_before, parse_form
+from .auth import FormError, Principal, audit, parse_form
 from .problems import status_of
 from .snapshot import STATES, Snapshots
 
@@ -384,14 +384,19 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
                 n = 0
             else:
                 where = app.job_filter(**f, max_id=max_id)
-                try:
-                    n = app.apply_matching(action, where, expected=expected)
-                except Exception as exc:
-                    audit_applied_before(request, viewer, f"jobs.{action}_matching", json.dumps(f), exc,
-                                         expected=expected, max_id=max_id, via="dashboard")
-                    raise
-            audit(request, viewer, f"jobs.{action}_matching", json.dumps(f), n,
-                  expected=expected, max_id=max_id, via="dashboard")
+                chunks = 0
+
+                def audit_chunk(conn: Any, count: int) -> None:  # in the chunk's transaction
+                    nonlocal chunks
+                    chunks += 1
+                    audit(request, viewer, f"jobs.{action}_matching", json.dumps(f), count, conn=conn,
+                          expected=expected, max_id=max_id, chunk=chunks, via="dashboard")
+
+                n = app.apply_matching(action, where, expected=expected, on_chunk=audit_chunk)
+            if not n:  # nothing changed: the call itself is still on the trail
+                with app.backend.transaction() as conn:
+                    audit(request, viewer, f"jobs.{action}_matching", json.dumps(f), 0, conn=conn,
+                          expected=expected, max_id=max_id, via="dashboard")
             back = {k: v for k, v in f.items() if v}
             return RedirectResponse("/jobs?" + urlencode({**back, "ok": f"applied_{action}", "n": n}), 303)
 
@@ -404,14 +409,15 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         return render("job.html", request, viewer, title=f"Job {job.id}", job=job,
                       section="/jobs", now=app.backend.dash_clock())
 
-    def job_action(verb: str, fn: Callable[[int], Any]) -> Any:
+    def job_action(verb: str, fn: Callable[..., Any]) -> Any:
         async def handler(request: Request, job_id: str) -> Response:
             viewer, form = await admin_form(request)
             jid = _int(job_id)
 
             def run() -> Response:
-                fn(jid)
-                audit(request, viewer, f"job.{verb}", f"job:{jid}", 1, via="dashboard")
+                with app.backend.transaction() as conn:  # the change and its audit row
+                    fn(jid, conn=conn)
+                    audit(request, viewer, f"job.{verb}", f"job:{jid}", 1, conn=conn, via="dashboard")
                 nxt = _safe_next(form.get("next"), request.headers.get("referer", "/"))
                 done = "cancelled" if verb == "cancel" else "retried"
                 return RedirectResponse(_with(nxt, ok=done, id=jid), 303)
@@ -431,14 +437,16 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
             raise HTTPException(404, "a queue can be paused or resumed")
 
         def run() -> Response:
-            if verb == "pause":
-                changed = not app.pause_queue(queue, actor=viewer.name).already
-                detail = {"already": not changed}
-            else:
-                changed = app.resume_queue(queue)
-                detail = {"resumed": changed}
+            with app.backend.transaction() as conn:
+                if verb == "pause":
+                    changed = not app.pause_queue(queue, actor=viewer.name, conn=conn).already
+                    detail = {"already": not changed}
+                else:
+                    changed = app.resume_queue(queue, conn=conn)
+                    detail = {"resumed": changed}
+                audit(request, viewer, f"queue.{verb}", f"queue:{queue}", None, conn=conn,
+                      via="dashboard", **detail)
             snapshots.expire()
-            audit(request, viewer, f"queue.{verb}", f"queue:{queue}", None, via="dashboard", **detail)
             unchanged = "queue_already_paused" if verb == "pause" else "queue_not_paused"
             return RedirectResponse(_with("/", ok=f"queue_{verb}d" if changed else unchanged), 303)
 
@@ -512,10 +520,11 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
         viewer, form = await admin_form(request)
 
         def run() -> Response:
-            n = app.lists.kick(name)
+            with app.backend.transaction() as conn:
+                n = app.lists.kick(name, conn=conn)
+                audit(request, viewer, "list.kick", f"list:{name}", n, conn=conn, via="dashboard")
             cache.pop(("list", name), None)
             cache.pop("lists", None)
-            audit(request, viewer, "list.kick", f"list:{name}", n, via="dashboard")
             return RedirectResponse(_with(f"/lists/{name}", ok="kicked", n=n), 303)
 
         return await run_in_threadpool(_guard(run, "/lists"))
@@ -541,8 +550,10 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
 
         def run() -> Response:
             scope, key = form.get("scope", ""), form.get("key", "")
-            app.effects.resolve(scope, key, done=state == "done")
-            audit(request, viewer, f"effect.resolve_{state}", f"{scope}:{key}", 1, via="dashboard")
+            with app.backend.transaction() as conn:
+                app.effects.resolve(scope, key, done=state == "done", conn=conn)
+                audit(request, viewer, f"effect.resolve_{state}", f"{scope}:{key}", 1, conn=conn,
+                      via="dashboard")
             return RedirectResponse("/effects?ok=resolved", 303)
 
         return await run_in_threadpool(_guard(run, "/effects"))

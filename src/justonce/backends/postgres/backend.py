@@ -748,31 +748,37 @@ class PostgresDialect(Dialect):
 class PostgresListOps(ListOps):
     """Lists, with items loaded by COPY, and a reserve of fresh positions and a completion
     that each take one autocommit statement instead of a transaction of four or five
-    round trips (bench/lists_bench.py measures both paths)."""
+    round trips (bench/lists_bench.py measures both paths). On a caller's ``conn`` the same
+    statements run in its transaction, each under a savepoint."""
+
+    def _one(self, conn: Any, name: str, params: dict[str, Any]) -> list[Any]:
+        if conn is None:
+            return self.d.write(name, params)
+        return self.d.tx(conn, lambda c: self.d.rows(c, name, params))
 
     def reserve(self, name: str, k: int, ttr: float | None,
-                request_id: str | None) -> Reservation | None:
+                request_id: str | None, conn: Any = None) -> Reservation | None:
         if request_id is None:  # (a request id is looked up first: the generic path)
             secret = secrets.token_hex(8)
-            rows = self.d.write("list_reserve_fresh", {
+            rows = self._one(conn, "list_reserve_fresh", {
                 "name": name, "k": k, "ttr": ttr, "secret": secret, "request_id": None})
             if rows:
                 row_id, due_at, ranges, row_ttr = rows[0]
                 return Reservation(name, token_of(int(row_id), secret), parse_ranges(ranges),
                                    due_at, 1, float(row_ttr), None)
         # A re-offer is due, the list is not sealed, unknown or handed out: the generic path.
-        return super().reserve(name, k, ttr, request_id)
+        return super().reserve(name, k, ttr, request_id, conn)
 
     def complete(self, name: str, row_id: int, secret: str,
-                 positions: Sequence[int] | None) -> ListCompletion:
+                 positions: Sequence[int] | None, conn: Any = None) -> ListCompletion:
         if positions is not None and (not positions or max(positions) >= 2**63 - 1):
             # (The one-statement completion sends half-open ranges as bigints: position
             # 2**63-1 ends at 2**63, which no bigint holds. No list is that long: the
             # generic path refuses it as a position the reservation does not hold.)
-            return super().complete(name, row_id, secret, positions)
+            return super().complete(name, row_id, secret, positions, conn)
         params = {"id": row_id, "name": name, "secret": secret, "last": False,
                   "ranges": None if positions is None else ranges_json(to_ranges(positions))}
-        first = self.d.write("list_complete", params)[0]
+        first = self._one(conn, "list_complete", params)[0]
         got = self._complete(first, positions)
         if first[0] == "last":  # it empties a chunk: again, with the batch's check, in one tx
             def run(c: Any) -> ListCompletion | None:
@@ -783,9 +789,9 @@ class PostgresListOps(ListOps):
                     return ListCompletion(done.completed, done.already, True)
                 return done
 
-            got = self.d.tx(None, run)
+            got = self.d.tx(conn, run)
         # None: refused (the generic path says why and raises).
-        return got if got is not None else super().complete(name, row_id, secret, positions)
+        return got if got is not None else super().complete(name, row_id, secret, positions, conn)
 
     @staticmethod
     def _complete(row: Sequence[Any], positions: Sequence[int] | None) -> ListCompletion | None:
