@@ -436,6 +436,22 @@ def test_bodies_over_the_limit_are_413_with_or_without_a_length(server: Server, 
     assert dump(lib, skip=TOUCHED) == before
 
 
+def test_head_answers_as_get_without_the_body_and_changes_nothing(server: Server, lib: App) -> None:
+    """HEAD on a GET resource got a 405 (the routes are declared for GET only)."""
+    before = dump(lib, skip=TOUCHED)
+    with server.client(server.admin) as c:
+        for path in ("/api/v1/jobs?limit=5", "/api/v1/queues", "/openapi.json", "/metrics"):
+            got, head = c.get(path), c.head(path)
+            assert (head.status_code, head.content) == (got.status_code, b""), path
+            assert head.headers.get("content-type") == got.headers.get("content-type")
+            assert head.headers.get("content-length") == str(len(got.content)), path
+        for path in ("/api/v1/jobs/bulk", "/api/v1/jobs/0", "/no/such/page"):  # as GET answers
+            assert c.head(path).status_code == c.get(path).status_code >= 400, path
+    with server.client() as c:
+        assert c.head("/api/v1/jobs").status_code == 401
+    assert dump(lib, skip=TOUCHED) == before
+
+
 def dash_forms(w: dict[str, Any]) -> list[tuple[str, dict[str, str] | bytes]]:
     """(route, form) pairs: bad forms on every dashboard action."""
     big = str(10**30)

@@ -81,6 +81,29 @@ class BodyLimit:
         await resp({"type": "http"}, _nothing, send)
 
 
+class HeadAsGet:
+    """ASGI middleware: answer HEAD as GET without the body (RFC 9110 9.3.2: a server
+    answers HEAD on every GET resource; the routes are declared for GET only, and HEAD got
+    a 405). The headers, Content-Length included, are the GET's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if not message.get("more_body", False):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
+
+
 async def _nothing() -> Message:  # pragma: no cover - a response never reads
     return {"type": "http.disconnect"}
 
@@ -129,5 +152,6 @@ def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
     api.include_router(lists_router, prefix=API_PREFIX)
     api.add_api_route("/metrics", _metrics, methods=["GET"], include_in_schema=False)
     api.add_middleware(BodyLimit, limit=max_body_bytes)
+    api.add_middleware(HeadAsGet)
     mount_dashboard(api, app)
     return api
