@@ -309,6 +309,34 @@ def test_a_task_failing_with_a_long_message_on_its_last_attempt_is_buried(lapp: 
     assert (b.reason or "").startswith("RuntimeError: yyy")
 
 
+ODD = {
+    # what a job keeps of each of proc_app.ODD_RETURNS: (result, the note's start)
+    "object": (None, "result dropped: not JSON"), "bytes": (None, "result dropped: not JSON"),
+    "set": (None, "result dropped: not JSON"), "nan": (None, "result dropped: not JSON"),
+    "surrogate": (None, "result dropped: it contains a NUL"),
+    "nul": (None, "result dropped: it contains a NUL"),
+    "deep": (None, "result dropped: "), "big": (None, "result dropped: 20971522 bytes"),
+    "tuple": ([1, "two"], None), "int_keys": ({"1": "a"}, None), "float_1e16": (1e16, None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ODD))
+def test_run_next_answers_what_a_job_keeps_of_a_result_and_completes_the_position(
+        lapp: App, kind: str) -> None:
+    """The run's result was the task's raw return value (object(), bytes, NaN, 20 MB): the
+    position was completed, then the HTTP answer failed to serialise (400)."""
+    from proc_app import ODD_RETURNS
+
+    lapp.task(name="odd")(lambda item: ODD_RETURNS[item]())
+    lapp.lists.create("odd", task="odd", items=[kind], on_complete="list_done")
+    run = lapp.lists.run_next("odd")
+    want, note = ODD[kind]
+    assert run is not None and (run.outcome, run.list_completed) == ("completed", True)
+    assert run.result == want and type(run.result) is type(want)
+    assert (run.note or "").startswith(note) if note else run.note is None, run.note
+    assert lapp.lists.get("odd").state == "completed" and len(callbacks(lapp)) == 1
+
+
 def test_run_next_needs_a_task_that_is_registered(lapp: App) -> None:
     lapp.lists.create("bare", items=[1])
     with pytest.raises(InvalidOption):

@@ -230,6 +230,24 @@ def test_next_runs_the_lists_task_and_answers_with_its_result(server: Server, ad
     assert [e["action"] for e in entries] == ["list.next"] * 3
 
 
+def test_next_answers_200_with_what_a_job_keeps_of_any_return_value(server: Server,
+                                                                   admin: httpx.Client) -> None:
+    """A task returning object(), bytes, a lone surrogate or 3,000-deep lists had its position
+    completed, then the answer failed to serialise (400); NaN became null silently and a
+    20 MB result came back whole."""
+    from test_lists import ODD
+
+    for kind, (want, note) in sorted(ODD.items()):
+        name = fresh(f"odd-{kind.replace('_', '-')}")
+        admin.post(API, json={"name": name, "task": "proc_app.list_odd_return", "items": [kind]})
+        r = admin.post(f"{API}/{name}/next")
+        assert r.status_code == 200 and len(r.content) < 70_000, (kind, r.status_code, r.text[:300])
+        run = r.json()
+        assert (run["outcome"], run["list_completed"], run["result"]) == ("completed", True, want), kind
+        assert (run["note"] or "").startswith(note) if note else run["note"] is None, (kind, run)
+        assert admin.get(f"{API}/{name}").json()["state"] == "completed"
+
+
 def test_a_failing_item_is_released_then_buried_and_its_reason_kept(server: Server,
                                                                     admin: httpx.Client) -> None:
     name = fresh("fails")

@@ -68,7 +68,8 @@ Target = Reservation | str
 @dataclass(frozen=True, slots=True)
 class ListRun:
     """What ``run_next`` did with one position: ``outcome`` is ``completed`` (``result``
-    is the task's return value), ``released`` (it raised; the position is handed out
+    is the task's return value as a job keeps it: JSON, at most 64 KiB, else None and a
+    ``note``), ``released`` (it raised; the position is handed out
     again after a backoff), ``buried`` (it raised on its last attempt) or ``stale`` (the
     reservation timed out while the task ran: the position is someone else's now)."""
 
@@ -80,6 +81,10 @@ class ListRun:
     result: Any = None
     error: str | None = None
     list_completed: bool = False
+    note: str | None = None
+    """Why ``result`` is None although the task returned something: what a job's result
+    would keep (a value that is not JSON, or one over 64 KiB, is dropped with this note;
+    the position is completed all the same)."""
 
 
 def list_name(value: Any) -> str:
@@ -324,8 +329,7 @@ class Lists:
             return None
         (position, item), = self.items(res)
         try:
-            result = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
-            validate.result_json(result)
+            returned = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
         except Exception as exc:  # noqa: BLE001 - the task's failure is the answer
             error = validate.exception_text(exc)
             try:
@@ -336,12 +340,15 @@ class Lists:
                 return ListRun(name, position, item, res.attempt, "released", error=error)
             except StaleReservation:
                 return ListRun(name, position, item, res.attempt, "stale", error=error)
+        # What a job would store of its result: the answer is JSON whatever the task returned.
+        text, note = validate.result_json(returned)
+        result = None if text is None else json.loads(text)
         try:
             done = self.complete(res)
         except StaleReservation as exc:
-            return ListRun(name, position, item, res.attempt, "stale", result, str(exc))
+            return ListRun(name, position, item, res.attempt, "stale", result, str(exc), note=note)
         return ListRun(name, position, item, res.attempt, "completed", result,
-                       list_completed=done.list_completed)
+                       list_completed=done.list_completed, note=note)
 
     def drain(self, name: str, *, poll: float = 0.2, stop: Any = None) -> Iterator[ListRun]:
         """``run_next`` until the list has nothing ready or reserved (positions held by

@@ -233,7 +233,7 @@ def run_next(name: Name, request: Request, who: Admin, body: S.NextIn | None = N
           position=run.position, outcome=run.outcome, list_completed=run.list_completed)
     return S.ListRunOut(list=run.list, position=run.position, item=run.item, attempt=run.attempt,
                         outcome=run.outcome, result=run.result, error=run.error,  # type: ignore[arg-type]
-                        list_completed=run.list_completed)
+                        list_completed=run.list_completed, note=run.note)
 
 
 # -- reading ------------------------------------------------------------------------------

@@ -158,9 +158,14 @@ class ListRunOut(BaseModel):
         "completed: result is the task's return value; released: it raised and the position "
         "comes back after the task's backoff; buried: it raised on its last attempt; stale: "
         "the reservation timed out while the task ran (the position is someone else's)."))
-    result: Any = None
+    result: Any = Field(default=None, description=(
+        "What the task returned, as a job keeps it: JSON of at most 64 KiB, else null and "
+        "a note."))
     error: str | None = None
     list_completed: bool = False
+    note: str | None = Field(default=None, description=(
+        "Why result is null although the task returned something (not JSON, nested over 64 "
+        "deep, over 64 KiB); the position was completed all the same."))
 
 
 class BuriedOut(BaseModel):
