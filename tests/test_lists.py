@@ -351,6 +351,51 @@ def test_run_next_needs_a_task_that_is_registered(lapp: App) -> None:
 
 
 # -- concurrency ----------------------------------------------------------------------------------
+def test_a_create_racing_seals_and_creates_of_its_name_happens_whole_or_not_at_all(lapp: App) -> None:
+    """A create committed its list row, then loaded the items in a second transaction: a seal
+    in between sealed (and completed, on_complete enqueued) an empty list while the create
+    failed with ListSealed. Now the list and its first items are one transaction: a seal finds
+    no list or the loaded one, and of creates racing for a name one wins whole."""
+    for rnd in range(12):
+        name, empty = f"cs{rnd}", rnd % 3 == 0
+        items = [] if empty else list(range(100))
+        start = threading.Barrier(5)
+        made: list[Any] = []
+        refused: list[Exception] = []
+        seals: list[str] = []
+
+        def create(items: list[int] = items, name: str = name, start: threading.Barrier = start,
+                   made: list[Any] = made, refused: list[Exception] = refused) -> None:
+            start.wait()
+            try:
+                made.append(lapp.lists.create(name, items=items, seal=False, on_complete="list_done"))
+            except ListExists as exc:
+                refused.append(exc)
+
+        def seal(name: str = name, start: threading.Barrier = start, seals: list[str] = seals) -> None:
+            start.wait()
+            for _ in range(400):
+                try:
+                    seals.append(lapp.lists.seal(name).state)
+                    return
+                except ListNotFound:
+                    time.sleep(0.001)
+
+        threads = [threading.Thread(target=create) for _ in range(2)]
+        threads += [threading.Thread(target=seal) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(made) == 1 and len(refused) == 1, (made, refused)
+        info = lapp.lists.get(name)
+        assert info.progress.total == len(items) and made[0].progress.total == len(items)
+        assert len(seals) == 3 and set(seals) <= {"sealed", "completed"}
+        done = [b for b in callbacks(lapp) if b["description"] == f"list:{name}"]
+        # Only an empty list completes here, once; and only one its creator was told exists.
+        assert len(done) == (1 if empty else 0) and info.state == ("completed" if empty else "sealed")
+
+
 def test_threads_racing_with_random_k_complete_every_position_exactly_once(lapp: App) -> None:
     total = 6000
     lapp.lists.create("race", items=range(total), on_complete="list_done")

@@ -99,12 +99,58 @@ def test_create_append_as_array_and_as_json_lines_seal_and_read_back(admin: http
     assert name in [x["name"] for x in reader.get(API, params={"limit": 10_000}).json()["lists"]]
 
 
+def test_post_lists_racing_seals_and_creates_of_its_name_happens_whole_or_not_at_all(
+        server: Server, lib: App) -> None:
+    """POST /lists committed the list, then loaded its items in another transaction: a seal
+    in between sealed and completed the empty list (on_complete enqueued) and the create
+    answered 409 ListSealed. Now: one create answers 201 with its items, the other 409
+    ListExists, every seal finds no list (404) or the loaded one, and on_complete is
+    enqueued only for an empty list, once."""
+    for rnd in range(10):
+        name, empty = fresh(f"cs{rnd}"), rnd % 3 == 0
+        items = [] if empty else list(range(100))
+        start = threading.Barrier(5)
+        answers: list[tuple[str, httpx.Response]] = []
+
+        def call(what: str, name: str = name, items: list[int] = items, start: threading.Barrier = start,
+                 answers: list[tuple[str, httpx.Response]] = answers) -> None:
+            with server.client(server.admin) as c:
+                start.wait()
+                if what == "create":
+                    answers.append((what, c.post(API, json={
+                        "name": name, "seal": False, "items": items, "on_complete": "proc_app.batch_done"})))
+                    return
+                for _ in range(400):
+                    r = c.post(f"{API}/{name}/seal")
+                    if r.status_code != 404:
+                        answers.append((what, r))
+                        return
+
+        threads = [threading.Thread(target=call, args=(w,)) for w in ["create"] * 2 + ["seal"] * 3]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        creates = sorted(r.status_code for w, r in answers if w == "create")
+        assert creates == [201, 409], [(w, r.status_code, r.text[:200]) for w, r in answers]
+        refused = [r.json()["error"] for w, r in answers if w == "create" and r.status_code == 409]
+        assert refused == ["ListExists"]
+        made = next(r.json() for w, r in answers if w == "create" and r.status_code == 201)
+        seals = [r for w, r in answers if w == "seal"]
+        assert len(seals) == 3 and all(r.status_code == 200 for r in seals), [r.text for r in seals]
+        assert {r.json()["progress"]["total"] for r in seals} == {len(items)} == {made["progress"]["total"]}
+        info = lib.lists.get(name)
+        assert info.state == ("completed" if empty else "sealed") and info.progress.total == len(items)
+        done = [j for j in lib.list_jobs(task="proc_app.batch_done", limit=1000)
+                if j.kwargs.get("batch", {}).get("description") == f"list:{name}"]
+        assert len(done) == (1 if empty else 0)
+
+
 def test_an_answer_stops_its_items_at_the_size_budget(lib: App) -> None:
     name = fresh("budget")
-    lib.lists.create(name, items=["x" * 100] * 300)
+    lib.lists.create(name, items=["x" * 100] * 300)  # 102 bytes of JSON each
     items, truncated = api_lists._items(lib, name, ((0, 300),), budget=10_000)
-    assert truncated and [i.position for i in items] == list(range(len(items)))
-    assert 10_000 <= sum(len(i.item) + 2 for i in items) < 10_000 + 2 * 102  # pages shrink near the end
+    assert truncated and [i.position for i in items] == list(range(98))  # 98 * 102 <= 10,000
     whole, cut = api_lists._items(lib, name, ((0, 10), (20, 50)))
     assert not cut and [i.position for i in whole] == [*range(10), *range(20, 50)]
 

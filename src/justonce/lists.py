@@ -131,8 +131,11 @@ class Lists:
                items: Iterable[Any] | None = None, seal: bool = True,
                ttr: float = DEFAULT_TTR, max_attempts: int | None = None,
                on_complete: str | Task | Enqueue | None = None) -> ListInfo:
-        """Create a list and (``items``) load it, streamed in transactions of
-        ``LOAD_CHUNK`` items, then seal it (``seal=False``: leave it open for ``append``).
+        """Create a list and (``items``) load it, then seal it (``seal=False``: leave it
+        open for ``append``). Up to ``LOAD_CHUNK`` items are stored, and the list sealed,
+        in the transaction that creates it: such a create happens whole or not at all. A
+        longer stream goes on in transactions of ``LOAD_CHUNK`` items, then seals; the list
+        is visible (loading) meanwhile.
 
         ``task``: what ``run_next`` runs on each item (``task(item)``); lists that are only
         reserved and completed by their consumers need none. ``ttr``: the default time to
@@ -157,15 +160,19 @@ class Lists:
             callbacks["complete"] = self.app.batches._callback("complete", on_complete)
         if not isinstance(seal, bool):
             raise InvalidOption("seal must be True or False")
-        stream = None if items is None else iter(_iterable(items))
-        # The first chunk is checked before the list exists: a bad item in it leaves
-        # nothing behind. (One further on keeps the chunks before it: see append.)
-        first = [] if stream is None else [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
-        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks)
-        if first:
-            self._load(name, first, stream)
-        if seal:
-            return self.seal(name)
+        stream = iter(()) if items is None else iter(_iterable(items))
+        # The first chunk is checked before the list exists, and the list is created with
+        # it (and sealed, when it is all) in one transaction: a bad item in it leaves
+        # nothing behind, and nobody can seal the list before its first items are in.
+        # (A chunk further on keeps the chunks before it: see append.)
+        first = [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
+        more = next(stream, _END)
+        sealed = f"list:{name}" if seal and more is _END else None
+        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks, first, sealed)
+        if more is not _END:
+            self._load(name, [], itertools.chain([more], stream), kept=len(first))
+            if seal:
+                return self.seal(name)
         return self.get(name)
 
     def append(self, name: str, items: Iterable[Any]) -> int:
@@ -177,9 +184,11 @@ class Lists:
             self.get(name)  # an unknown name still says so
         return n
 
-    def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None) -> int:
+    def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None,
+              kept: int = 0) -> int:
         """Append ``first`` (items already checked), then the rest of the stream in
-        chunks of LOAD_CHUNK, each checked before its transaction; how many."""
+        chunks of LOAD_CHUNK, each checked before its transaction; how many. ``kept``:
+        items the list has already from this load (for the note of an error)."""
         backend = self.app.backend.lists
         n = 0
         chunks = itertools.chain([first] if first else [], () if rest is None else (
@@ -190,8 +199,8 @@ class Lists:
                 n += len(texts)
                 failpoints.hit("list.after_append_chunk")
         except Exception as exc:
-            if n:
-                exc.add_note(f"list {name!r} keeps the {n} items appended before this error "
+            if n + kept:
+                exc.add_note(f"list {name!r} keeps the {n + kept} items appended before this error "
                              "and is not sealed: append the rest, then seal it (or drop it)")
             raise
         return n
@@ -389,6 +398,9 @@ class Lists:
                 raise InvalidOption("a reservation token is needed with a list name")
         row_id, secret = parse_token(token)
         return name, row_id, secret
+
+
+_END = object()
 
 
 def _iterable(items: Any) -> Iterable[Any]:

@@ -140,11 +140,26 @@ class ListOps:
 
     # -- loading ------------------------------------------------------------------------------
     def create(self, name: str, task: str | None, ttr: float, max_attempts: int,
-               callbacks: dict[str, Any]) -> int:
+               callbacks: dict[str, Any], items: Sequence[str] = (),
+               seal: str | None = None) -> int:
+        """Create a list with its first ``items`` (JSON texts), and seal it when ``seal``
+        (the batch's description) is given, in one transaction: nobody sees the list
+        before its items, so a seal racing the create finds no list or a loaded one,
+        and a create that fails leaves nothing. ``ListExists`` when the name is taken."""
         params = {"name": name, "task": task, "ttr": ttr, "max_attempts": max_attempts,
                   "callbacks": _dumps(callbacks)}
+
+        def run(c: Any) -> int:
+            list_id = int(self.d.rows(c, "list_create", params)[0][0])
+            if items:
+                self.insert_items(c, list_id, 0, items)
+                self.d.many(c, "list_grow", [{"id": list_id, "total": len(items)}])
+            if seal is not None:
+                self._seal(c, name, seal)
+            return list_id
+
         try:
-            return int(self.d.tx(None, lambda c: self.d.rows(c, "list_create", params))[0][0])
+            return self.d.tx(None, run)
         except Exception as exc:
             if self.d.is_unique_violation(exc):
                 raise ListExists(f"a list named {name!r} exists already") from None
@@ -177,19 +192,19 @@ class ListOps:
         """Seal a loading list: its batch is opened, given one group of ``total`` items and
         sealed, in one transaction (an empty list completes here). False when it was sealed
         already."""
-        def run(c: Any) -> bool:
-            lst = self._lock(c, name)
-            if lst.state != "loading":
-                return False
-            callbacks = json.loads(self.d.rows(c, "list_callbacks", {"id": lst.id})[0][0])
-            batch_id, group_id, completed = self.batches.open_sealed(
-                c, description, callbacks, lst.total)
-            self.d.many(c, "list_seal", [{"id": lst.id, "batch_id": batch_id, "group_id": group_id}])
-            if completed:
-                self.d.many(c, "list_finish", [{"batch_id": batch_id}])
-            return True
+        return self.d.tx(None, lambda c: self._seal(c, name, description))
 
-        return self.d.tx(None, run)
+    def _seal(self, c: Any, name: str, description: str) -> bool:
+        lst = self._lock(c, name)
+        if lst.state != "loading":
+            return False
+        callbacks = json.loads(self.d.rows(c, "list_callbacks", {"id": lst.id})[0][0])
+        batch_id, group_id, completed = self.batches.open_sealed(
+            c, description, callbacks, lst.total)
+        self.d.many(c, "list_seal", [{"id": lst.id, "batch_id": batch_id, "group_id": group_id}])
+        if completed:
+            self.d.many(c, "list_finish", [{"batch_id": batch_id}])
+        return True
 
     def drop(self, name: str) -> bool:
         def run(c: Any) -> bool:
