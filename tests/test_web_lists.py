@@ -7,6 +7,7 @@ dashboard's Lists pages."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -153,6 +154,58 @@ def test_an_answer_stops_its_items_at_the_size_budget(lib: App) -> None:
     assert truncated and [i.position for i in items] == list(range(98))  # 98 * 102 <= 10,000
     whole, cut = api_lists._items(lib, name, ((0, 10), (20, 50)))
     assert not cut and [i.position for i in whole] == [*range(10), *range(20, 50)]
+
+
+def _mixed(n_small: int = 64, n_big: int = 100) -> list[Any]:
+    """Tiny items first, then items of 250 KB of UTF-8: half ASCII, half 'é' (two bytes a
+    character, so a budget counted in characters would pass the bound twice over)."""
+    big = ["a" * 250_000 if i % 2 else "\u00e9" * 125_000 for i in range(n_big)]
+    return [{"n": i} for i in range(n_small)] + big
+
+
+def _text_bytes(items: list[dict[str, Any]]) -> int:
+    return sum(len(json.dumps(i["item"], ensure_ascii=False, separators=(",", ":")).encode())
+               for i in items)
+
+
+def test_an_answer_never_passes_16_mib_of_item_text_whatever_the_mix_of_sizes(
+        admin: httpx.Client, reader: httpx.Client, lib: App) -> None:
+    """The next page was sized from the average item seen so far and the budget checked only
+    after a whole page: 64 tiny items then 100 of 250 KiB gave a 25.6 MB answer with
+    items_truncated false, for reserve and for GET items."""
+    name = fresh("mixed")
+    items = _mixed()
+    lib.lists.create(name, items=items)
+    bound = api_lists.ANSWER_ITEM_BYTES
+    r = admin.post(f"{API}/{name}/reserve", json={"k": 164})
+    assert r.status_code == 200 and len(r.content) < bound + 64 * 1024, len(r.content)
+    res = r.json()
+    got = res["items"]
+    assert res["items_truncated"] is True and res["ranges"] == [[0, 164]]
+    assert [i["position"] for i in got] == list(range(len(got)))
+    assert bound - 262_144 < _text_bytes(got) <= bound
+    while len(got) < 164:  # the rest, as the README says, with GET items?start=
+        page = reader.get(f"{API}/{name}/items", params={"start": len(got), "limit": 164 - len(got)})
+        assert page.status_code == 200 and len(page.content) < bound + 64 * 1024
+        assert _text_bytes(page.json()["items"]) <= bound and page.json()["items"]
+        got += page.json()["items"]
+    assert [i["item"] for i in got] == items and [i["position"] for i in got] == list(range(164))
+    assert admin.post(f"{API}/{name}/complete", json={"token": res["token"]}).json()["completed"] == 164
+    page = reader.get(f"{API}/{name}/items", params={"limit": 164})
+    assert len(page.content) < bound + 64 * 1024 and page.json()["next"] == len(page.json()["items"])
+
+
+def test_the_database_stops_reading_items_at_the_byte_budget(lib: App) -> None:
+    """The budget is the database's: list_items returns the longest prefix of the ranges'
+    items whose UTF-8 bytes fit, and nothing of the positions between the ranges."""
+    name = fresh("bytes")
+    lib.lists.create(name, items=["\u00e9" * 99] * 50)  # 2 + 198 = 200 bytes of JSON each
+    store = lib.backend.lists
+    assert [p for p, _ in store.items(name, ((0, 50),), 1000)] == [0, 1, 2, 3, 4]
+    assert [p for p, _ in store.items(name, ((0, 50),), 999)] == [0, 1, 2, 3]
+    assert store.items(name, ((0, 50),), 199) == []
+    assert [p for p, _ in store.items(name, ((3, 4), (10, 12), (49, 50)), 10**9)] == [3, 10, 11, 49]
+    assert [p for p, _ in store.items(name, ((3, 4), (10, 12), (49, 50)), 600)] == [3, 10, 11]
 
 
 # -- the reservation protocol -------------------------------------------------------------

@@ -49,6 +49,9 @@ REOFFER_ROUNDS = 16
 """Due rows whose positions all turned out done, dropped by one reserve before it takes
 fresh positions (the next reserve goes on)."""
 
+NO_BUDGET = 2**62
+"""A byte budget that is never reached (list_items takes one)."""
+
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -390,12 +393,18 @@ class ListOps:
         return [BuriedRange(parse_ranges(r[0]), int(r[1]), r[2], self.d.time(r[3]))  # type: ignore[arg-type]
                 for r in rows]
 
-    def items(self, name: str, ranges: Ranges) -> list[tuple[int, str]]:
-        """The items (JSON texts) at ``ranges``, in position order."""
+    def items(self, name: str, ranges: Ranges, budget: int = NO_BUDGET) -> list[tuple[int, str]]:
+        """The items (JSON texts) at ``ranges`` (sorted), in position order, from the first
+        for as long as their text adds up to at most ``budget`` bytes of UTF-8: fewer rows
+        than positions means the next item would pass the budget. The database stops at
+        the budget, so what is read is bounded by it whatever the sizes of the items."""
         if not ranges:
             return []
-        rows = self.d.read("list_items", {"name": name, "lo": ranges[0][0], "hi": ranges[-1][1]})
-        return [(int(p), item) for p, item in rows if contains(ranges, int(p))]
+        if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:], strict=False)):
+            ranges = to_ranges(each(ranges))  # (a Reservation built by hand)
+        rows = self.d.read("list_items", {"name": name, "ranges": ranges_json(ranges),
+                                          "budget": budget})
+        return [(int(p), item) for p, item in rows]
 
     def task(self, name: str) -> tuple[str | None, int] | None:
         """(task name, max_attempts) of a list, None if there is none: a cheap read."""
