@@ -403,7 +403,7 @@ class ListOps:
         if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:], strict=False)):
             ranges = to_ranges(each(ranges))  # (a Reservation built by hand)
         rows = self.d.read("list_items", {"name": name, "ranges": ranges_json(ranges),
-                                          "budget": budget})
+                                          "positions": _dumps(list(each(ranges))), "budget": budget})
         return [(int(p), item) for p, item in rows]
 
     def task(self, name: str) -> tuple[str | None, int] | None:

@@ -1261,18 +1261,22 @@ SELECT r.held, r.attempt, r.error, r.updated_at
 -- the items' lengths alone (the derived table's rows carry no item text; LENGTH counts
 -- bytes), and only the items within the budget are joined in and sent: an answer's memory
 -- is bounded by the budget whatever the mix of sizes, and positions between the ranges are
--- not read at all.
+-- not read at all. Here the positions come one by one (JSON, as many as the ranges hold, at
+-- most 10,000): MariaDB read a range join `position >= r.lo AND position < r.hi` as a look-up
+-- by list_id alone, every item of the list once per range; and without STRAIGHT_JOIN it
+-- scanned every list's items and looked each up in the derived table.
+-- unused: ranges
 SELECT i.position, i.item
   FROM (SELECT s.list_id, s.position,
                SUM(s.n) OVER (ORDER BY s.position ROWS UNBOUNDED PRECEDING) AS upto
           FROM (SELECT i.list_id, i.position, LENGTH(i.item) AS n
                   FROM justonce_lists l
-                  JOIN JSON_TABLE(%(ranges)s, '$[*]' COLUMNS (lo BIGINT PATH '$[0]',
-                                                              hi BIGINT PATH '$[1]')) AS r
-                  JOIN justonce_list_items i ON i.list_id = l.id
-                   AND i.position >= r.lo AND i.position < r.hi
+                  JOIN JSON_TABLE(%(positions)s, '$[*]' COLUMNS (p BIGINT PATH '$')) AS r
+                  STRAIGHT_JOIN justonce_list_items i FORCE INDEX (PRIMARY)
+                    ON i.list_id = l.id AND i.position = r.p
                  WHERE l.name = %(name)s) s) w
-  JOIN justonce_list_items i ON i.list_id = w.list_id AND i.position = w.position
+  STRAIGHT_JOIN justonce_list_items i FORCE INDEX (PRIMARY)
+    ON i.list_id = w.list_id AND i.position = w.position
  WHERE w.upto <= %(budget)s
  ORDER BY w.position;
 

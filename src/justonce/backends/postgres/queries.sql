@@ -1347,6 +1347,7 @@ SELECT r.held, r.attempt, r.error, r.updated_at
 -- only the items within the budget are joined in and sent: an answer's memory is bounded by
 -- the budget whatever the mix of sizes, and positions between the ranges are not read at
 -- all.
+-- unused: positions
 SELECT i.position, i.item
   FROM (SELECT s.list_id, s.position,
                sum(s.n) OVER (ORDER BY s.position ROWS UNBOUNDED PRECEDING) AS upto
