@@ -284,6 +284,29 @@ def list_odd_fails(n: int) -> int:
     return n
 
 
+def _deep(n: int) -> Any:
+    out: Any = 0
+    for _ in range(n):
+        out = [out]
+    return out
+
+
+ODD_RETURNS: dict[str, Any] = {
+    "object": object, "bytes": lambda: b"bytes", "surrogate": lambda: "lone \ud800",
+    "nul": lambda: "nul \x00", "deep": lambda: _deep(3000), "nan": lambda: float("nan"),
+    "set": lambda: {1, 2}, "big": lambda: "x" * (20 * 1024 * 1024),
+    "tuple": lambda: (1, "two"), "int_keys": lambda: {1: "a"}, "float_1e16": lambda: 1e16,
+}
+"""What ``list_odd_return`` returns for each item: values that are not JSON, too deep or too
+big (a job would drop them with a note), and values JSON changes (a job keeps them so)."""
+
+
+@app.task
+def list_odd_return(kind: str) -> Any:
+    """A list's task that returns ``ODD_RETURNS[kind]()``."""
+    return ODD_RETURNS[kind]()
+
+
 # -- for the batch process tests ------------------------------------------------------------
 
 

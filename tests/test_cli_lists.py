@@ -123,6 +123,35 @@ def test_a_bad_line_before_any_item_was_appended_leaves_no_list(app: App, db_url
         assert name not in {i.name for i in app.lists.list()}
 
 
+def test_create_makes_the_list_with_its_first_chunk_so_nobody_sees_it_empty(
+        app: App, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lists create` made an empty, unsealed list, then appended: a seal in between (or a
+    kill -9) left an empty list, completed at once by the seal. Now the first chunk is stored
+    in the transaction that creates the list; a taken name is refused before the file is
+    read; an empty file still makes its (empty) list."""
+    from justonce import lists as lists_module
+
+    url = ["--database-url", db_url]
+    seen: list[int] = []
+    create = lists_module.Lists.create
+
+    def watching(self: lists_module.Lists, name: str, **kw: object) -> object:
+        info = create(self, name, **kw)  # type: ignore[arg-type]
+        seen.append(info.progress.total)
+        return info
+
+    monkeypatch.setattr(lists_module.Lists, "create", watching)
+    monkeypatch.setattr("justonce.cli_lists.LOAD_CHUNK", 40)
+    run("lists", "create", "whole", "--from", str(jsonl(tmp_path / "a.jsonl", list(range(100)))), *url)
+    assert seen == [40] and app.lists.get("whole").progress.total == 100  # made with 40, then appended
+    result = run("lists", "create", "whole", "--from", str(tmp_path / "a.jsonl"), *url, ok=False)
+    assert result.exit_code == 1 and "ListExists" in result.output, result.output
+    assert app.lists.get("whole").progress.total == 100
+    (tmp_path / "empty.jsonl").write_bytes(b"\n")
+    run("lists", "create", "nothing", "--from", str(tmp_path / "empty.jsonl"), *url)
+    assert app.lists.get("nothing").state == "completed" and seen == [40, 0]
+
+
 def test_kick_revives_buried_positions(app: App, db_url: str) -> None:
     url = ["--database-url", db_url]
     app.lists.create("kicks", items=range(6))

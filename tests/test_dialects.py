@@ -105,7 +105,8 @@ SAMPLES: dict[str, Any] = {
     "item_prefix": None, "bits": b"\x00", "pending": 0, "chunk": 0, "after": None,
     "list_id": 1, "next_position": 0, "total": 0, "position": 0, "lo": 0, "hi": 1,
     "secret": "0123456789abcdef", "request_id": None, "due_in": 1.0, "ranges": "[]",
-    "held": "[]", "attempt": 1, "ttr": 1.0, "errors": [None], "rows": "[[\"k\",1,null,null]]",
+    "held": "[]", "budget": 1, "positions": "[]",
+    "attempt": 1, "ttr": 1.0, "errors": [None], "rows": "[[\"k\",1,null,null]]",
 }
 
 

@@ -333,6 +333,34 @@ def test_run_next_starts_no_task_on_a_reservation_whose_time_ran_out_first(lapp:
     assert again is not None and (again.outcome, again.list_completed, runs) == ("completed", True, [1])
 
 
+ODD = {
+    # what a job keeps of each of proc_app.ODD_RETURNS: (result, the note's start)
+    "object": (None, "result dropped: not JSON"), "bytes": (None, "result dropped: not JSON"),
+    "set": (None, "result dropped: not JSON"), "nan": (None, "result dropped: not JSON"),
+    "surrogate": (None, "result dropped: it contains a NUL"),
+    "nul": (None, "result dropped: it contains a NUL"),
+    "deep": (None, "result dropped: "), "big": (None, "result dropped: 20971522 bytes"),
+    "tuple": ([1, "two"], None), "int_keys": ({"1": "a"}, None), "float_1e16": (1e16, None),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ODD))
+def test_run_next_answers_what_a_job_keeps_of_a_result_and_completes_the_position(
+        lapp: App, kind: str) -> None:
+    """The run's result was the task's raw return value (object(), bytes, NaN, 20 MB): the
+    position was completed, then the HTTP answer failed to serialise (400)."""
+    from proc_app import ODD_RETURNS
+
+    lapp.task(name="odd")(lambda item: ODD_RETURNS[item]())
+    lapp.lists.create("odd", task="odd", items=[kind], on_complete="list_done")
+    run = lapp.lists.run_next("odd")
+    want, note = ODD[kind]
+    assert run is not None and (run.outcome, run.list_completed) == ("completed", True)
+    assert run.result == want and type(run.result) is type(want)
+    assert (run.note or "").startswith(note) if note else run.note is None, run.note
+    assert lapp.lists.get("odd").state == "completed" and len(callbacks(lapp)) == 1
+
+
 def test_run_next_needs_a_task_that_is_registered(lapp: App) -> None:
     lapp.lists.create("bare", items=[1])
     with pytest.raises(InvalidOption):
@@ -347,6 +375,51 @@ def test_run_next_needs_a_task_that_is_registered(lapp: App) -> None:
 
 
 # -- concurrency ----------------------------------------------------------------------------------
+def test_a_create_racing_seals_and_creates_of_its_name_happens_whole_or_not_at_all(lapp: App) -> None:
+    """A create committed its list row, then loaded the items in a second transaction: a seal
+    in between sealed (and completed, on_complete enqueued) an empty list while the create
+    failed with ListSealed. Now the list and its first items are one transaction: a seal finds
+    no list or the loaded one, and of creates racing for a name one wins whole."""
+    for rnd in range(12):
+        name, empty = f"cs{rnd}", rnd % 3 == 0
+        items = [] if empty else list(range(100))
+        start = threading.Barrier(5)
+        made: list[Any] = []
+        refused: list[Exception] = []
+        seals: list[str] = []
+
+        def create(items: list[int] = items, name: str = name, start: threading.Barrier = start,
+                   made: list[Any] = made, refused: list[Exception] = refused) -> None:
+            start.wait()
+            try:
+                made.append(lapp.lists.create(name, items=items, seal=False, on_complete="list_done"))
+            except ListExists as exc:
+                refused.append(exc)
+
+        def seal(name: str = name, start: threading.Barrier = start, seals: list[str] = seals) -> None:
+            start.wait()
+            for _ in range(400):
+                try:
+                    seals.append(lapp.lists.seal(name).state)
+                    return
+                except ListNotFound:
+                    time.sleep(0.001)
+
+        threads = [threading.Thread(target=create) for _ in range(2)]
+        threads += [threading.Thread(target=seal) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(made) == 1 and len(refused) == 1, (made, refused)
+        info = lapp.lists.get(name)
+        assert info.progress.total == len(items) and made[0].progress.total == len(items)
+        assert len(seals) == 3 and set(seals) <= {"sealed", "completed"}
+        done = [b for b in callbacks(lapp) if b["description"] == f"list:{name}"]
+        # Only an empty list completes here, once; and only one its creator was told exists.
+        assert len(done) == (1 if empty else 0) and info.state == ("completed" if empty else "sealed")
+
+
 def test_threads_racing_with_random_k_complete_every_position_exactly_once(lapp: App) -> None:
     total = 6000
     lapp.lists.create("race", items=range(total), on_complete="list_done")

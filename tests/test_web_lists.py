@@ -7,6 +7,7 @@ dashboard's Lists pages."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -99,14 +100,112 @@ def test_create_append_as_array_and_as_json_lines_seal_and_read_back(admin: http
     assert name in [x["name"] for x in reader.get(API, params={"limit": 10_000}).json()["lists"]]
 
 
+def test_post_lists_racing_seals_and_creates_of_its_name_happens_whole_or_not_at_all(
+        server: Server, lib: App) -> None:
+    """POST /lists committed the list, then loaded its items in another transaction: a seal
+    in between sealed and completed the empty list (on_complete enqueued) and the create
+    answered 409 ListSealed. Now: one create answers 201 with its items, the other 409
+    ListExists, every seal finds no list (404) or the loaded one, and on_complete is
+    enqueued only for an empty list, once."""
+    for rnd in range(10):
+        name, empty = fresh(f"cs{rnd}"), rnd % 3 == 0
+        items = [] if empty else list(range(100))
+        start = threading.Barrier(5)
+        answers: list[tuple[str, httpx.Response]] = []
+
+        def call(what: str, name: str = name, items: list[int] = items, start: threading.Barrier = start,
+                 answers: list[tuple[str, httpx.Response]] = answers) -> None:
+            with server.client(server.admin) as c:
+                start.wait()
+                if what == "create":
+                    answers.append((what, c.post(API, json={
+                        "name": name, "seal": False, "items": items, "on_complete": "proc_app.batch_done"})))
+                    return
+                for _ in range(400):
+                    r = c.post(f"{API}/{name}/seal")
+                    if r.status_code != 404:
+                        answers.append((what, r))
+                        return
+
+        threads = [threading.Thread(target=call, args=(w,)) for w in ["create"] * 2 + ["seal"] * 3]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        creates = sorted(r.status_code for w, r in answers if w == "create")
+        assert creates == [201, 409], [(w, r.status_code, r.text[:200]) for w, r in answers]
+        refused = [r.json()["error"] for w, r in answers if w == "create" and r.status_code == 409]
+        assert refused == ["ListExists"]
+        made = next(r.json() for w, r in answers if w == "create" and r.status_code == 201)
+        seals = [r for w, r in answers if w == "seal"]
+        assert len(seals) == 3 and all(r.status_code == 200 for r in seals), [r.text for r in seals]
+        assert {r.json()["progress"]["total"] for r in seals} == {len(items)} == {made["progress"]["total"]}
+        info = lib.lists.get(name)
+        assert info.state == ("completed" if empty else "sealed") and info.progress.total == len(items)
+        done = [j for j in lib.list_jobs(task="proc_app.batch_done", limit=1000)
+                if j.kwargs.get("batch", {}).get("description") == f"list:{name}"]
+        assert len(done) == (1 if empty else 0)
+
+
 def test_an_answer_stops_its_items_at_the_size_budget(lib: App) -> None:
     name = fresh("budget")
-    lib.lists.create(name, items=["x" * 100] * 300)
+    lib.lists.create(name, items=["x" * 100] * 300)  # 102 bytes of JSON each
     items, truncated = api_lists._items(lib, name, ((0, 300),), budget=10_000)
-    assert truncated and [i.position for i in items] == list(range(len(items)))
-    assert 10_000 <= sum(len(i.item) + 2 for i in items) < 10_000 + 2 * 102  # pages shrink near the end
+    assert truncated and [i.position for i in items] == list(range(98))  # 98 * 102 <= 10,000
     whole, cut = api_lists._items(lib, name, ((0, 10), (20, 50)))
     assert not cut and [i.position for i in whole] == [*range(10), *range(20, 50)]
+
+
+def _mixed(n_small: int = 64, n_big: int = 100) -> list[Any]:
+    """Tiny items first, then items of 250 KB of UTF-8: half ASCII, half 'é' (two bytes a
+    character, so a budget counted in characters would pass the bound twice over)."""
+    big = ["a" * 250_000 if i % 2 else "\u00e9" * 125_000 for i in range(n_big)]
+    return [{"n": i} for i in range(n_small)] + big
+
+
+def _text_bytes(items: list[dict[str, Any]]) -> int:
+    return sum(len(json.dumps(i["item"], ensure_ascii=False, separators=(",", ":")).encode())
+               for i in items)
+
+
+def test_an_answer_never_passes_16_mib_of_item_text_whatever_the_mix_of_sizes(
+        admin: httpx.Client, reader: httpx.Client, lib: App) -> None:
+    """The next page was sized from the average item seen so far and the budget checked only
+    after a whole page: 64 tiny items then 100 of 250 KiB gave a 25.6 MB answer with
+    items_truncated false, for reserve and for GET items."""
+    name = fresh("mixed")
+    items = _mixed()
+    lib.lists.create(name, items=items)
+    bound = api_lists.ANSWER_ITEM_BYTES
+    r = admin.post(f"{API}/{name}/reserve", json={"k": 164})
+    assert r.status_code == 200 and len(r.content) < bound + 64 * 1024, len(r.content)
+    res = r.json()
+    got = res["items"]
+    assert res["items_truncated"] is True and res["ranges"] == [[0, 164]]
+    assert [i["position"] for i in got] == list(range(len(got)))
+    assert bound - 262_144 < _text_bytes(got) <= bound
+    while len(got) < 164:  # the rest, as the README says, with GET items?start=
+        page = reader.get(f"{API}/{name}/items", params={"start": len(got), "limit": 164 - len(got)})
+        assert page.status_code == 200 and len(page.content) < bound + 64 * 1024
+        assert _text_bytes(page.json()["items"]) <= bound and page.json()["items"]
+        got += page.json()["items"]
+    assert [i["item"] for i in got] == items and [i["position"] for i in got] == list(range(164))
+    assert admin.post(f"{API}/{name}/complete", json={"token": res["token"]}).json()["completed"] == 164
+    page = reader.get(f"{API}/{name}/items", params={"limit": 164})
+    assert len(page.content) < bound + 64 * 1024 and page.json()["next"] == len(page.json()["items"])
+
+
+def test_the_database_stops_reading_items_at_the_byte_budget(lib: App) -> None:
+    """The budget is the database's: list_items returns the longest prefix of the ranges'
+    items whose UTF-8 bytes fit, and nothing of the positions between the ranges."""
+    name = fresh("bytes")
+    lib.lists.create(name, items=["\u00e9" * 99] * 50)  # 2 + 198 = 200 bytes of JSON each
+    store = lib.backend.lists
+    assert [p for p, _ in store.items(name, ((0, 50),), 1000)] == [0, 1, 2, 3, 4]
+    assert [p for p, _ in store.items(name, ((0, 50),), 999)] == [0, 1, 2, 3]
+    assert store.items(name, ((0, 50),), 199) == []
+    assert [p for p, _ in store.items(name, ((3, 4), (10, 12), (49, 50)), 10**9)] == [3, 10, 11, 49]
+    assert [p for p, _ in store.items(name, ((3, 4), (10, 12), (49, 50)), 600)] == [3, 10, 11]
 
 
 # -- the reservation protocol -------------------------------------------------------------
@@ -228,6 +327,24 @@ def test_next_runs_the_lists_task_and_answers_with_its_result(server: Server, ad
     assert admin.get(f"{API}/{name}").json()["state"] == "completed"
     entries = admin.get("/api/v1/audit", params={"limit": 3}).json()["entries"]
     assert [e["action"] for e in entries] == ["list.next"] * 3
+
+
+def test_next_answers_200_with_what_a_job_keeps_of_any_return_value(server: Server,
+                                                                   admin: httpx.Client) -> None:
+    """A task returning object(), bytes, a lone surrogate or 3,000-deep lists had its position
+    completed, then the answer failed to serialise (400); NaN became null silently and a
+    20 MB result came back whole."""
+    from test_lists import ODD
+
+    for kind, (want, note) in sorted(ODD.items()):
+        name = fresh(f"odd-{kind.replace('_', '-')}")
+        admin.post(API, json={"name": name, "task": "proc_app.list_odd_return", "items": [kind]})
+        r = admin.post(f"{API}/{name}/next")
+        assert r.status_code == 200 and len(r.content) < 70_000, (kind, r.status_code, r.text[:300])
+        run = r.json()
+        assert (run["outcome"], run["list_completed"], run["result"]) == ("completed", True, want), kind
+        assert (run["note"] or "").startswith(note) if note else run["note"] is None, (kind, run)
+        assert admin.get(f"{API}/{name}").json()["state"] == "completed"
 
 
 def test_a_failing_item_is_released_then_buried_and_its_reason_kept(server: Server,

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import click
@@ -32,7 +33,7 @@ from rich.table import Table
 
 from .app import App
 from .cli import cli, database_option, load_app, out, show
-from .errors import InvalidArguments, PayloadTooLarge
+from .errors import InvalidArguments, ListExists, ListNotFound, PayloadTooLarge
 from .lists import LOAD_CHUNK, item_json
 from .models import ListInfo
 
@@ -118,11 +119,28 @@ class _Loader:
     one are the items checked here one by one, to append those before the bad one and name
     its line (checking each item twice would cost a third of a load's time)."""
 
-    def __init__(self, app: App, name: str, label: str, created: bool = False) -> None:
-        self.app, self.name, self.label, self.created = app, name, label, created
+    def __init__(self, app: App, name: str, label: str,
+                 create: Callable[[list[Any]], Any] | None = None) -> None:
+        self.app, self.name, self.label = app, name, label
+        self.create = create
+        """Creates the list with its first items (one transaction), until it has."""
+        self.created = create is not None
         self.items: list[Any] = []
         self.lines: list[int] = []
         self.appended = 0
+
+    def _store(self, items: list[Any]) -> int:
+        if self.create is None:
+            return self.app.lists.append(self.name, items)
+        self.create(items)
+        self.create = None
+        return len(items)
+
+    def finish(self) -> None:
+        """An empty source still creates its list."""
+        self.flush()
+        if self.create is not None:
+            self._store([])
 
     def add(self, item: Any, line: int) -> None:
         self.items.append(item)
@@ -136,14 +154,14 @@ class _Loader:
         if not items:
             return
         try:
-            self.appended += self.app.lists.append(self.name, items)
+            self.appended += self._store(items)
         except (InvalidArguments, PayloadTooLarge):
             for i, item in enumerate(items):
                 try:
                     item_json(item)
                 except (InvalidArguments, PayloadTooLarge) as exc:
                     if i:
-                        self.appended += self.app.lists.append(self.name, items[:i])
+                        self.appended += self._store(items[:i])
                     raise self.bad(lines[i], f"{type(exc).__name__}: {exc}") from None
             raise
 
@@ -159,19 +177,16 @@ class _Loader:
             f"`justonce lists drop {name}`.")
 
 
-def _load(app: App, name: str, source: IO[bytes], created: bool = False) -> int:
+def _load(app: App, name: str, source: IO[bytes],
+          create: Callable[[list[Any]], Any] | None = None) -> int:
     """Append the JSON lines of ``source`` to list ``name`` in transactions of LOAD_CHUNK,
     with a progress bar of the bytes read. A bad line appends the items before it, then
-    stops with its number (the list stays unsealed); ``created``: the list was created for
-    this load, and is dropped again when the load stops before any item was appended."""
+    stops with its number (the list stays unsealed). ``create``: the list is made for this
+    load, in the transaction of its first chunk (so a load that stops before it leaves no
+    list, and nobody sees the list empty)."""
     label = getattr(source, "name", "-")
-    loader = _Loader(app, name, "stdin" if label in ("-", "<stdin>") else str(label), created)
-    try:
-        return _read(loader, source)
-    except BaseException:
-        if created and not loader.appended:
-            app.lists.drop(name)
-        raise
+    loader = _Loader(app, name, "stdin" if label in ("-", "<stdin>") else str(label), create)
+    return _read(loader, source)
 
 
 def _read(loader: _Loader, source: IO[bytes]) -> int:
@@ -193,7 +208,7 @@ def _read(loader: _Loader, source: IO[bytes]) -> int:
                 loader.add(item, number)
                 if not loader.items:
                     bar.update(task, completed=read, items=loader.appended)
-            loader.flush()
+            loader.finish()
         finally:
             bar.update(task, completed=read, items=loader.appended)
     return loader.appended
@@ -228,9 +243,20 @@ def lists_create(name: str, source: IO[bytes], task: str | None, ttr: float, max
                  database_url: str | None) -> None:
     """Create list NAME from a JSON-lines file, with a progress bar, and seal it."""
     app = load_app(app_path, database_url, strict=app_path is not None)
-    app.lists.create(name, task=task, seal=False, ttr=ttr, max_attempts=max_attempts,
-                     on_complete=on_complete)
-    _loaded(app, name, _load(app, name, source, created=True), not no_seal)
+
+    def create(items: list[Any]) -> None:
+        app.lists.create(name, task=task, items=items, seal=False, ttr=ttr,
+                         max_attempts=max_attempts, on_complete=on_complete)
+
+    # A taken name is refused before the file is read; the list itself is made with its
+    # first chunk (see _load), which checks the name again.
+    try:
+        app.lists.get(name)
+    except ListNotFound:
+        pass
+    else:
+        raise ListExists(f"a list named {name!r} exists already")
+    _loaded(app, name, _load(app, name, source, create), not no_seal)
 
 
 @lists.command("append")

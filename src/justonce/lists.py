@@ -69,7 +69,8 @@ Target = Reservation | str
 @dataclass(frozen=True, slots=True)
 class ListRun:
     """What ``run_next`` did with one position: ``outcome`` is ``completed`` (``result``
-    is the task's return value), ``released`` (it raised; the position is handed out
+    is the task's return value as a job keeps it: JSON, at most 64 KiB, else None and a
+    ``note``), ``released`` (it raised; the position is handed out
     again after a backoff), ``buried`` (it raised on its last attempt) or ``stale`` (the
     reservation timed out while the task ran: the position is someone else's now) or
     ``late`` (the time to run had (nearly) run out before the task could start, as in a
@@ -83,6 +84,10 @@ class ListRun:
     result: Any = None
     error: str | None = None
     list_completed: bool = False
+    note: str | None = None
+    """Why ``result`` is None although the task returned something: what a job's result
+    would keep (a value that is not JSON, or one over 64 KiB, is dropped with this note;
+    the position is completed all the same)."""
 
 
 def list_name(value: Any) -> str:
@@ -129,8 +134,11 @@ class Lists:
                items: Iterable[Any] | None = None, seal: bool = True,
                ttr: float = DEFAULT_TTR, max_attempts: int | None = None,
                on_complete: str | Task | Enqueue | None = None, conn: Any = None) -> ListInfo:
-        """Create a list and (``items``) load it, streamed in transactions of
-        ``LOAD_CHUNK`` items, then seal it (``seal=False``: leave it open for ``append``).
+        """Create a list and (``items``) load it, then seal it (``seal=False``: leave it
+        open for ``append``). Up to ``LOAD_CHUNK`` items are stored, and the list sealed,
+        in the transaction that creates it: such a create happens whole or not at all. A
+        longer stream goes on in transactions of ``LOAD_CHUNK`` items, then seals; the list
+        is visible (loading) meanwhile.
 
         ``task``: what ``run_next`` runs on each item (``task(item)``); lists that are only
         reserved and completed by their consumers need none. ``ttr``: the default time to
@@ -160,15 +168,20 @@ class Lists:
             callbacks["complete"] = self.app.batches._callback("complete", on_complete)
         if not isinstance(seal, bool):
             raise InvalidOption("seal must be True or False")
-        stream = None if items is None else iter(_iterable(items))
-        # The first chunk is checked before the list exists: a bad item in it leaves
-        # nothing behind. (One further on keeps the chunks before it: see append.)
-        first = [] if stream is None else [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
-        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks, conn)
-        if first:
-            self._load(name, first, stream, conn)
-        if seal:
-            return self.seal(name, conn=conn)
+        stream = iter(()) if items is None else iter(_iterable(items))
+        # The first chunk is checked before the list exists, and the list is created with
+        # it (and sealed, when it is all) in one transaction: a bad item in it leaves
+        # nothing behind, and nobody can seal the list before its first items are in.
+        # (A chunk further on keeps the chunks before it: see append.)
+        first = [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
+        more = next(stream, _END)
+        sealed = f"list:{name}" if seal and more is _END else None
+        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks, first, sealed,
+                                      conn)
+        if more is not _END:
+            self._load(name, [], itertools.chain([more], stream), conn, kept=len(first))
+            if seal:
+                return self.seal(name, conn=conn)
         return self._get(name, conn)
 
     def append(self, name: str, items: Iterable[Any], *, conn: Any = None) -> int:
@@ -181,9 +194,10 @@ class Lists:
         return n
 
     def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None,
-              conn: Any = None) -> int:
+              conn: Any = None, kept: int = 0) -> int:
         """Append ``first`` (items already checked), then the rest of the stream in
-        chunks of LOAD_CHUNK, each checked before its transaction; how many."""
+        chunks of LOAD_CHUNK, each checked before its transaction; how many. ``kept``:
+        items the list has already from this load (for the note of an error)."""
         backend = self.app.backend.lists
         n = 0
         chunks = itertools.chain([first] if first else [], () if rest is None else (
@@ -194,8 +208,8 @@ class Lists:
                 n += len(texts)
                 failpoints.hit("list.after_append_chunk")
         except Exception as exc:
-            if n:
-                exc.add_note(f"list {name!r} keeps the {n} items appended before this error "
+            if n + kept:
+                exc.add_note(f"list {name!r} keeps the {n + kept} items appended before this error "
                              "and is not sealed: append the rest, then seal it (or drop it)")
             raise
         return n
@@ -363,8 +377,7 @@ class Lists:
 
             return self._end(late, on_step)
         try:
-            result = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
-            validate.result_json(result)
+            returned = asyncio.run(task.fn(item)) if task.is_async else task.fn(item)
         except Exception as exc:  # noqa: BLE001 - the task's failure is the answer
             error = validate.exception_text(exc)
 
@@ -380,13 +393,18 @@ class Lists:
 
             return self._end(failed, on_step)
 
+        # What a job would store of its result: the answer is JSON whatever the task returned.
+        text, note = validate.result_json(returned)
+        result = None if text is None else json.loads(text)
+
         def succeeded(conn: Any) -> ListRun:
             try:
                 done = self.complete(res, conn=conn)
             except StaleReservation as exc:
-                return ListRun(name, position, item, res.attempt, "stale", result, str(exc))
+                return ListRun(name, position, item, res.attempt, "stale", result, str(exc),
+                               note=note)
             return ListRun(name, position, item, res.attempt, "completed", result,
-                           list_completed=done.list_completed)
+                           list_completed=done.list_completed, note=note)
 
         return self._end(succeeded, on_step)
 
@@ -440,6 +458,9 @@ class Lists:
                 raise InvalidOption("a reservation token is needed with a list name")
         row_id, secret = parse_token(token)
         return name, row_id, secret
+
+
+_END = object()
 
 
 def _iterable(items: Any) -> Iterable[Any]:

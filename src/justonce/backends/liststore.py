@@ -49,6 +49,9 @@ REOFFER_ROUNDS = 16
 """Due rows whose positions all turned out done, dropped by one reserve before it takes
 fresh positions (the next reserve goes on)."""
 
+NO_BUDGET = 2**62
+"""A byte budget that is never reached (list_items takes one)."""
+
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
@@ -140,11 +143,27 @@ class ListOps:
 
     # -- loading ------------------------------------------------------------------------------
     def create(self, name: str, task: str | None, ttr: float, max_attempts: int,
-               callbacks: dict[str, Any], conn: Any = None) -> int:
+               callbacks: dict[str, Any], items: Sequence[str] = (),
+               seal: str | None = None, conn: Any = None) -> int:
+        """Create a list with its first ``items`` (JSON texts), and seal it when ``seal``
+        (the batch's description) is given, in one transaction (``conn``: the caller's):
+        nobody sees the list before its items, so a seal racing the create finds no list
+        or a loaded one, and a create that fails leaves nothing. ``ListExists`` when the
+        name is taken."""
         params = {"name": name, "task": task, "ttr": ttr, "max_attempts": max_attempts,
                   "callbacks": _dumps(callbacks)}
+
+        def run(c: Any) -> int:
+            list_id = int(self.d.rows(c, "list_create", params)[0][0])
+            if items:
+                self.insert_items(c, list_id, 0, items)
+                self.d.many(c, "list_grow", [{"id": list_id, "total": len(items)}])
+            if seal is not None:
+                self._seal(c, name, seal)
+            return list_id
+
         try:
-            return int(self.d.tx(conn, lambda c: self.d.rows(c, "list_create", params))[0][0])
+            return self.d.tx(conn, run)
         except Exception as exc:
             if self.d.is_unique_violation(exc):
                 raise ListExists(f"a list named {name!r} exists already") from None
@@ -178,19 +197,19 @@ class ListOps:
         """Seal a loading list: its batch is opened, given one group of ``total`` items and
         sealed, in one transaction (an empty list completes here). False when it was sealed
         already."""
-        def run(c: Any) -> bool:
-            lst = self._lock(c, name)
-            if lst.state != "loading":
-                return False
-            callbacks = json.loads(self.d.rows(c, "list_callbacks", {"id": lst.id})[0][0])
-            batch_id, group_id, completed = self.batches.open_sealed(
-                c, description, callbacks, lst.total)
-            self.d.many(c, "list_seal", [{"id": lst.id, "batch_id": batch_id, "group_id": group_id}])
-            if completed:
-                self.d.many(c, "list_finish", [{"batch_id": batch_id}])
-            return True
+        return self.d.tx(conn, lambda c: self._seal(c, name, description))
 
-        return self.d.tx(conn, run)
+    def _seal(self, c: Any, name: str, description: str) -> bool:
+        lst = self._lock(c, name)
+        if lst.state != "loading":
+            return False
+        callbacks = json.loads(self.d.rows(c, "list_callbacks", {"id": lst.id})[0][0])
+        batch_id, group_id, completed = self.batches.open_sealed(
+            c, description, callbacks, lst.total)
+        self.d.many(c, "list_seal", [{"id": lst.id, "batch_id": batch_id, "group_id": group_id}])
+        if completed:
+            self.d.many(c, "list_finish", [{"batch_id": batch_id}])
+        return True
 
     def drop(self, name: str) -> bool:
         def run(c: Any) -> bool:
@@ -377,12 +396,18 @@ class ListOps:
         return [BuriedRange(parse_ranges(r[0]), int(r[1]), r[2], self.d.time(r[3]))  # type: ignore[arg-type]
                 for r in rows]
 
-    def items(self, name: str, ranges: Ranges) -> list[tuple[int, str]]:
-        """The items (JSON texts) at ``ranges``, in position order."""
+    def items(self, name: str, ranges: Ranges, budget: int = NO_BUDGET) -> list[tuple[int, str]]:
+        """The items (JSON texts) at ``ranges`` (sorted), in position order, from the first
+        for as long as their text adds up to at most ``budget`` bytes of UTF-8: fewer rows
+        than positions means the next item would pass the budget. The database stops at
+        the budget, so what is read is bounded by it whatever the sizes of the items."""
         if not ranges:
             return []
-        rows = self.d.read("list_items", {"name": name, "lo": ranges[0][0], "hi": ranges[-1][1]})
-        return [(int(p), item) for p, item in rows if contains(ranges, int(p))]
+        if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:], strict=False)):
+            ranges = to_ranges(each(ranges))  # (a Reservation built by hand)
+        rows = self.d.read("list_items", {"name": name, "ranges": ranges_json(ranges),
+                                          "positions": _dumps(list(each(ranges))), "budget": budget})
+        return [(int(p), item) for p, item in rows]
 
     def task(self, name: str) -> tuple[str | None, int] | None:
         """(task name, max_attempts) of a list, None if there is none: a cheap read."""

@@ -34,11 +34,13 @@ Admin = Annotated[Principal, Depends(require_admin)]
 Name = Annotated[str, Path(min_length=1, max_length=63, description="The list's name.")]
 NOTHING: dict[int | str, dict[str, Any]] = {204: {"description": "Nothing can be handed out now (no body)."}}
 ANSWER_ITEM_BYTES = 16 * 1024 * 1024
-"""Item text one answer carries at most (twice the default body limit): a reservation of
-10,000 items of 256 KiB would otherwise be a 2.5 GiB answer held in the server's memory."""
+"""Item text (UTF-8 bytes) one answer carries at most (twice the default body limit): a
+reservation of 10,000 items of 256 KiB would otherwise be a 2.5 GiB answer held in the
+server's memory. The database stops reading at it (list_items)."""
 ITEMS_PAGE = 64
 """Positions read in the first query of an answer's items; later pages are sized from the
-items seen so far, so small items take a few queries and big ones cannot overshoot."""
+items seen so far. The byte budget bounds what a page returns whatever its size: the page
+only bounds how many item lengths one query sums."""
 NDJSON = ("application/x-ndjson", "application/jsonl", "application/json-lines")
 
 
@@ -56,8 +58,8 @@ def _reservation_id(token: str) -> int:
 
 def _items(app: App, name: str, ranges: tuple[tuple[int, int], ...],
            budget: int = ANSWER_ITEM_BYTES) -> tuple[list[S.ItemOut], bool]:
-    """The items at ``ranges`` in position order, until ``budget`` characters of item text
-    are collected; (items, truncated)."""
+    """The items at ``ranges`` in position order, as long as their text adds up to at most
+    ``budget`` bytes; (items, truncated)."""
     out: list[S.ItemOut] = []
     pending = [r for r in ranges if r[1] > r[0]]
     page, used = ITEMS_PAGE, 0
@@ -72,11 +74,12 @@ def _items(app: App, name: str, ranges: tuple[tuple[int, int], ...],
             pending[0] = (cut, hi)
             if cut == hi:
                 pending.pop(0)
-        for position, text in app.backend.lists.items(name, tuple(take)):
+        found = app.backend.lists.items(name, tuple(take), budget - used)
+        for position, text in found:
             out.append(S.ItemOut(position=position, item=json.loads(text)))
-            used += len(text)
-        if used >= budget:
-            return out, bool(pending)
+            used += len(text.encode())
+        if len(found) < n:  # the next item would pass the budget
+            return out, True
         average = max(used // max(len(out), 1), 1)
         page = max(1, min(2000, (budget - used) // average))
     return out, False
@@ -258,7 +261,7 @@ def run_next(name: Name, request: Request, who: Admin, body: S.NextIn | None = N
         return Response(status_code=204)
     return S.ListRunOut(list=run.list, position=run.position, item=run.item, attempt=run.attempt,
                         outcome=run.outcome, result=run.result, error=run.error,  # type: ignore[arg-type]
-                        list_completed=run.list_completed)
+                        list_completed=run.list_completed, note=run.note)
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -300,5 +303,5 @@ def items(name: Name, request: Request, who: Reader,
     total = app.lists.progress(name).total
     stop = min(start + limit, total)
     found, truncated = _items(app, name, ((start, stop),) if stop > start else ())
-    last = found[-1].position + 1 if truncated and found else stop
+    last = (found[-1].position + 1 if found else start) if truncated else stop
     return S.ItemsOut(items=found, next=last if last < total else None)

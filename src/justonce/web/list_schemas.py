@@ -160,9 +160,14 @@ class ListRunOut(BaseModel):
         "the reservation timed out while the task ran (the position is someone else's); "
         "late: the reservation's time to run had (nearly) run out before the task could "
         "start (the process was paused): given back, the task not run."))
-    result: Any = None
+    result: Any = Field(default=None, description=(
+        "What the task returned, as a job keeps it: JSON of at most 64 KiB, else null and "
+        "a note."))
     error: str | None = None
     list_completed: bool = False
+    note: str | None = Field(default=None, description=(
+        "Why result is null although the task returned something (not JSON, nested over 64 "
+        "deep, over 64 KiB); the position was completed all the same."))
 
 
 class BuriedOut(BaseModel):

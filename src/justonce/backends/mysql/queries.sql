@@ -1266,11 +1266,29 @@ SELECT r.held, r.attempt, r.error, r.updated_at
  LIMIT %(limit)s;
 
 -- name: list_items
+-- The items at the ranges (JSON [[lo, hi], ...]: half-open, sorted) in position order, as
+-- many as fit, from the first, in the budget's bytes of item text. The running sum is over
+-- the items' lengths alone (the derived table's rows carry no item text; LENGTH counts
+-- bytes), and only the items within the budget are joined in and sent: an answer's memory
+-- is bounded by the budget whatever the mix of sizes, and positions between the ranges are
+-- not read at all. Here the positions come one by one (JSON, as many as the ranges hold, at
+-- most 10,000): MariaDB read a range join `position >= r.lo AND position < r.hi` as a look-up
+-- by list_id alone, every item of the list once per range; and without STRAIGHT_JOIN it
+-- scanned every list's items and looked each up in the derived table.
+-- unused: ranges
 SELECT i.position, i.item
-  FROM justonce_lists l
-  JOIN justonce_list_items i ON i.list_id = l.id AND i.position >= %(lo)s AND i.position < %(hi)s
- WHERE l.name = %(name)s
- ORDER BY i.position;
+  FROM (SELECT s.list_id, s.position,
+               SUM(s.n) OVER (ORDER BY s.position ROWS UNBOUNDED PRECEDING) AS upto
+          FROM (SELECT i.list_id, i.position, LENGTH(i.item) AS n
+                  FROM justonce_lists l
+                  JOIN JSON_TABLE(%(positions)s, '$[*]' COLUMNS (p BIGINT PATH '$')) AS r
+                  STRAIGHT_JOIN justonce_list_items i FORCE INDEX (PRIMARY)
+                    ON i.list_id = l.id AND i.position = r.p
+                 WHERE l.name = %(name)s) s) w
+  STRAIGHT_JOIN justonce_list_items i FORCE INDEX (PRIMARY)
+    ON i.list_id = w.list_id AND i.position = w.position
+ WHERE w.upto <= %(budget)s
+ ORDER BY w.position;
 
 -- name: list_get
 SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,

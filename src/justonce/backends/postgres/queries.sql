@@ -1351,11 +1351,25 @@ SELECT r.held, r.attempt, r.error, r.updated_at
  LIMIT %(limit)s
 
 -- name: list_items
+-- The items at the ranges (JSON [[lo, hi], ...]: half-open, sorted) in position order, as
+-- many as fit, from the first, in the budget's bytes of item text. The running sum is over
+-- the items' lengths alone (octet_length reads a TOASTed text's header, not the text), and
+-- only the items within the budget are joined in and sent: an answer's memory is bounded by
+-- the budget whatever the mix of sizes, and positions between the ranges are not read at
+-- all.
+-- unused: positions
 SELECT i.position, i.item
-  FROM justonce_lists l
-  JOIN justonce_list_items i ON i.list_id = l.id AND i.position >= %(lo)s AND i.position < %(hi)s
- WHERE l.name = %(name)s
- ORDER BY i.position
+  FROM (SELECT s.list_id, s.position,
+               sum(s.n) OVER (ORDER BY s.position ROWS UNBOUNDED PRECEDING) AS upto
+          FROM (SELECT i.list_id, i.position, octet_length(i.item) AS n
+                  FROM justonce_lists l
+                 CROSS JOIN jsonb_array_elements(%(ranges)s::jsonb) AS r
+                  JOIN justonce_list_items i ON i.list_id = l.id
+                   AND i.position >= (r->>0)::bigint AND i.position < (r->>1)::bigint
+                 WHERE l.name = %(name)s) s) w
+  JOIN justonce_list_items i ON i.list_id = w.list_id AND i.position = w.position
+ WHERE w.upto <= %(budget)s
+ ORDER BY w.position
 
 -- name: list_get
 SELECT l.id, l.name, l.task, l.state, l.total, l.next_position, l.ttr, l.max_attempts,
