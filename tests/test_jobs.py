@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import proc_app
 from justonce import App, Enqueue, InvalidOption, InvalidTransition, Job, JobNotFound, JobState, KeyConflict
 from justonce.models import Completion, Failure
 from justonce.worker import Maintenance
@@ -1108,6 +1109,29 @@ def test_a_database_made_again_under_a_live_app_is_taken_as_its_own() -> None:
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_keyed_enqueue_cancel_and_retry_on_your_own_connection_see_your_transaction(
+        tapp: App, db_url: str) -> None:
+    """On your own connection (conn=): a keyed duplicate, a cancel and a retry read rows
+    as dicts; a plain sqlite3 connection has no Row factory, and they failed with a
+    TypeError. A refused cancel reads the job in your transaction (it said JobNotFound
+    for a job your transaction had just enqueued)."""
+    c = _own_connection(db_url)
+    if db_url.startswith("mysql"):  # (a cancel in your transaction reads what committed)
+        c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    try:
+        with proc_app._Tx(c) as tx:
+            first = tapp.enqueue("add", [1, 2], key="mine", conn=tx)
+            again = tapp.enqueue("add", [1, 2], key="mine", conn=tx)
+            assert (again.id, again.duplicate) == (first.id, True)
+            assert tapp.cancel(first.id, conn=tx).state is JobState.CANCELLED
+            with pytest.raises(InvalidTransition, match="cancelled"):
+                tapp.cancel(first.id, conn=tx)
+            assert tapp.retry(first.id, conn=tx).state is JobState.READY
+        assert tapp.get_job(first.id).state is JobState.READY
+    finally:
+        c.close()
 
 
 def test_a_relative_sqlite_path_names_one_file_whatever_the_directory_later(

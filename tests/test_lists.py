@@ -309,6 +309,24 @@ def test_a_task_failing_with_a_long_message_on_its_last_attempt_is_buried(lapp: 
     assert (b.reason or "").startswith("RuntimeError: yyy")
 
 
+def test_list_calls_in_one_transaction_see_that_transaction(lapp: App) -> None:
+    """With conn=, the reads a call makes (does the list exist, its progress, a request
+    id's reservation) go through that transaction: they went through another connection,
+    saw no list created earlier in the transaction (ListNotFound) and reserved=0 after a
+    reserve in it, and took a second pooled connection while the first was held."""
+    with lapp.backend.transaction() as conn:
+        info = lapp.lists.create("same-tx", items=[1, 2, 3], conn=conn)
+        assert (info.state, info.progress.total) == ("sealed", 3)
+        assert lapp.lists.kick("same-tx", conn=conn) == 0
+        res = lapp.lists.reserve("same-tx", 3, request_id="r1", conn=conn)
+        assert res is not None and res.count == 3
+        again = lapp.lists.reserve("same-tx", 3, request_id="r1", conn=conn)
+        assert again is not None and again.token == res.token
+        assert lapp.lists.reserve("same-tx", 1, conn=conn) is None  # all held: no ListNotFound
+        assert lapp.lists._get("same-tx", conn).progress.reserved == 3
+    assert lapp.lists.get("same-tx").progress.reserved == 3
+
+
 def test_run_next_starts_no_task_on_a_reservation_whose_time_ran_out_first(lapp: App) -> None:
     """A process paused between its reserve and the task (here: a slow read of the item)
     past the time to run ran the task anyway, on a position another reserver may hold by

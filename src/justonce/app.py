@@ -254,7 +254,10 @@ class App:
 
     # -- look-ups and operator actions --------------------------------------------------
     def get_job(self, job_id: int) -> Job:
-        job = self.backend.job_get(_job_id(job_id))
+        return self._get_job(job_id)
+
+    def _get_job(self, job_id: int, conn: Any = None) -> Job:
+        job = self.backend.job_get(_job_id(job_id), conn)
         if job is None:
             raise JobNotFound(f"no job {job_id}")
         return job
@@ -273,7 +276,7 @@ class App:
         :meth:`enqueue`), committed with it."""
         job = self.backend.job_cancel(_job_id(job_id), conn)
         if job is None:
-            current = self.get_job(job_id)
+            current = self._get_job(job_id, conn)
             raise InvalidTransition(f"job {job_id} is {current.state}: only live jobs can be cancelled")
         emit(Event.JOB_CANCELLED, "job cancelled", job_id=job.id)
         return job
@@ -283,7 +286,7 @@ class App:
         for :meth:`cancel`)."""
         job = self.backend.job_retry(_job_id(job_id), conn)
         if job is None:
-            current = self.get_job(job_id)
+            current = self._get_job(job_id, conn)
             raise InvalidTransition(
                 f"job {job_id} is {current.state}: only dead or cancelled jobs can be retried"
             )

@@ -246,7 +246,7 @@ class Lists:
                 raise InvalidOption("request_id must not be empty")
         got = self.app.backend.lists.reserve(name, k, ttr, request_id, conn)
         if got is None:
-            self._exists(name)
+            self._exists(name, conn)
         return got
 
     def items(self, reservation: Reservation) -> list[tuple[int, Any]]:
@@ -299,7 +299,7 @@ class Lists:
         attempts counted afresh; how many were kicked."""
         name = list_name(name)
         limit = validate.count(limit, "limit", MAX_ITEMS)
-        self._exists(name)
+        self._exists(name, conn)
         return self.app.backend.lists.kick(name, limit, conn)
 
     # -- reading --------------------------------------------------------------------------
@@ -442,8 +442,8 @@ class Lists:
             time.sleep(poll)
 
     # -- helpers --------------------------------------------------------------------------
-    def _exists(self, name: str) -> None:
-        if self.app.backend.lists.task(name) is None:
+    def _exists(self, name: str, conn: Any = None) -> None:
+        if self.app.backend.lists.task(name, conn) is None:
             raise ListNotFound(f"no list named {name!r}")
 
     @staticmethod

@@ -104,7 +104,7 @@ class Backend(Protocol):
         length), all with ``template``'s task and options (``template.key`` must be None).
         One statement; returns ids in input order."""
 
-    def job_get(self, job_id: int) -> Job | None:
+    def job_get(self, job_id: int, conn: Any = None) -> Job | None:
         """The job, or None."""
 
     def job_cancel(self, job_id: int, conn: Any = None) -> Job | None:

@@ -231,7 +231,7 @@ class ListOps:
         """Up to ``k`` positions: first those of a due row (timed out, released, kicked),
         then fresh ones from the cursor. None when there is nothing to hand out now."""
         if request_id is not None:
-            again = self._by_request(name, request_id)
+            again = self._by_request(name, request_id, conn)
             if again is not None:
                 return again
         try:
@@ -239,7 +239,7 @@ class ListOps:
         except Exception as exc:
             # Two calls with one request id raced: the other one's reservation is the answer.
             if request_id is not None and self.d.is_unique_violation(exc):
-                again = self._by_request(name, request_id)
+                again = self._by_request(name, request_id, conn)
                 if again is not None:
                     return again
             raise
@@ -282,8 +282,15 @@ class ListOps:
         return Reservation(name, token_of(int(row_id), secret), got,
                            self.d.time(due_at), attempt, ttr, request_id)  # type: ignore[arg-type]
 
-    def _by_request(self, name: str, request_id: str) -> Reservation | None:
-        rows = self.d.read("list_reservation_by_request", {"name": name, "request_id": request_id})
+    def _read(self, conn: Any, name: str, params: dict[str, Any]) -> list[Any]:
+        """A read on the caller's transaction when there is one (what it sees, and no second
+        connection taken from the pool while it holds one), else on one of ours."""
+        if conn is None:
+            return self.d.read(name, params)
+        return self.d.on(conn, lambda c: self.d.rows(c, name, params))
+
+    def _by_request(self, name: str, request_id: str, conn: Any = None) -> Reservation | None:
+        rows = self._read(conn, "list_reservation_by_request", {"name": name, "request_id": request_id})
         if not rows:
             return None
         row = _row(rows[0])
@@ -409,16 +416,15 @@ class ListOps:
                                           "positions": _dumps(list(each(ranges))), "budget": budget})
         return [(int(p), item) for p, item in rows]
 
-    def task(self, name: str) -> tuple[str | None, int] | None:
+    def task(self, name: str, conn: Any = None) -> tuple[str | None, int] | None:
         """(task name, max_attempts) of a list, None if there is none: a cheap read."""
-        rows = self.d.read("list_task", {"name": name})
+        rows = self._read(conn, "list_task", {"name": name})
         return (rows[0][0], int(rows[0][1])) if rows else None
 
     def info(self, name: str, conn: Any = None) -> ListInfo | None:
         """The list as committed, or (``conn``) as the caller's transaction sees it."""
-        rows = (self.d.read("list_get", {"name": name}) if conn is None
-                else self.d.on(conn, lambda c: self.d.rows(c, "list_get", {"name": name})))
-        return self._info(rows[0]) if rows else None
+        rows = self._read(conn, "list_get", {"name": name})
+        return self._info(rows[0], conn) if rows else None
 
     def all(self, limit: int) -> list[ListInfo]:
         return [self._info(r) for r in self.d.read("list_all", {"limit": limit})]
@@ -496,12 +502,12 @@ class ListOps:
         else:
             self._set(c, row.id, "done", None, (), 0, row.attempt, row.error)
 
-    def _info(self, r: Sequence[Any]) -> ListInfo:
+    def _info(self, r: Sequence[Any], conn: Any = None) -> ListInfo:
         (list_id, name, task, state, total, next_position, ttr, max_attempts, batch_id,
          callbacks, created_at, sealed_at, finished_at, undone) = r[:14]
         total, next_position = int(total), int(next_position)
         counts: dict[str, int] = defaultdict(int)
-        for st, expired, pending in self.d.read("list_reservation_counts", {"id": list_id}):
+        for st, expired, pending in self._read(conn, "list_reservation_counts", {"id": list_id}):
             counts["ready" if st == "free" or (st == "active" and expired) else st] += int(pending or 0)
         if state == "completed":
             done = total

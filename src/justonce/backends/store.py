@@ -174,8 +174,9 @@ class Store:
                          conn: Any = None) -> list[int]:
         return self.d.on(conn, lambda c: self._insert_template(c, template, args_doc, kwargs_doc))
 
-    def job_get(self, job_id: int) -> Job | None:
-        rows = self.d.read_dicts("job_get", {"id": job_id})
+    def job_get(self, job_id: int, conn: Any = None) -> Job | None:
+        rows = (self.d.read_dicts("job_get", {"id": job_id}) if conn is None
+                else self.d.on(conn, lambda c: self.d.dicts(c, "job_get", {"id": job_id})))
         return job_from_row(rows[0]) if rows else None
 
     def job_cancel(self, job_id: int, conn: Any = None) -> Job | None:

@@ -378,7 +378,11 @@ class SQLiteDialect(Dialect):
         return c.execute(Q[name], _params(params)).fetchall()
 
     def dicts(self, c: sqlite3.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        return [_decode(dict(r)) for r in c.execute(Q[name], _params(params)).fetchall()]
+        # By the cursor's columns, not the row: a caller's connection (conn=) has no
+        # sqlite3.Row factory, and dict() of its tuples failed.
+        cur = c.execute(Q[name], _params(params))
+        names = [d[0] for d in cur.description or ()]
+        return [_decode(dict(zip(names, r, strict=True))) for r in cur.fetchall()]
 
     def many(self, c: sqlite3.Connection, name: str, seq: Sequence[dict[str, Any]]) -> None:
         if seq:
