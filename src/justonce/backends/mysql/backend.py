@@ -297,6 +297,8 @@ class MySQLDialect(Dialect):
         self.consecutive_ids = True
         """Multi-row inserts draw consecutive ids (innodb_autoinc_lock_mode 0 or 1)."""
         self.statement_bytes = 16 * 1024 * 1024 - 65536  # (read from the server at first use)
+        self._own: set[int] = set()
+        """ids of connections lent out by transaction(): ours, checked already."""
 
     # -- connections ------------------------------------------------------------------------------
     def _new_connection(self) -> pymysql.Connection:
@@ -618,7 +620,8 @@ class MySQLDialect(Dialect):
             raise InvalidOption(f"conn must be opened with charset='utf8mb4' (PyMySQL's default), "
                                 f"not {conn.charset!r}")
         self._ensure_schema()
-        self.same_database(conn)
+        if id(conn) not in self._own:
+            self.same_database(conn)
         return conn
 
     @staticmethod
@@ -657,7 +660,7 @@ class MySQLDialect(Dialect):
         if conn is None:
             return self._own_tx(fn)
         c = self._caller_connection(conn)
-        level = self._isolation(c)
+        level = "READ-COMMITTED" if id(c) in self._own else self._isolation(c)
         if level != "READ-COMMITTED":
             raise InvalidOption(
                 "batch operations on your connection need READ COMMITTED isolation (each "
@@ -708,14 +711,20 @@ class MySQLDialect(Dialect):
     @contextmanager
     def transaction(self) -> Iterator[pymysql.Connection]:
         with self._connection() as c:
-            c.begin()
+            # One of ours: this database, READ COMMITTED (set at connect); the checks a
+            # caller's connection gets on every call (two round trips) are not needed.
+            self._own.add(id(c))
             try:
-                yield c
-            except BaseException:
-                if c.open:
-                    c.rollback()
-                raise
-            c.commit()
+                c.begin()
+                try:
+                    yield c
+                except BaseException:
+                    if c.open:
+                        c.rollback()
+                    raise
+                c.commit()
+            finally:
+                self._own.discard(id(c))
 
     def fence_connection(self, conn: Any) -> pymysql.Connection:
         c = self._caller_connection(conn)
