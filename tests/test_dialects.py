@@ -86,8 +86,6 @@ def test_dialect_only_statements_are_used_by_their_dialect_alone() -> None:
 # -- result columns: every dialect's statement returns as many columns as PostgreSQL's -----------
 
 FRAGMENTS = {"claim_lease", "claim_returning", "effect_columns", "job_filter", "match_cancel", "match_retry"}
-NEEDS_SAVEPOINT = {"fn_savepoint_rollback", "fn_savepoint_release"}
-"""Statements that only run after fn_savepoint (they return no rows on any dialect)."""
 SAMPLES: dict[str, Any] = {
     "id": 1, "ids": [1], "tokens": [1], "results": [None], "notes": [None], "queue": "q",
     "queues": ["q"], "task": "t", "args": "[]", "kwargs": "{}", "priority": 0, "delay": 0.0,
@@ -177,7 +175,7 @@ def test_every_shared_statement_returns_the_same_columns(tmp_path: Path) -> None
             describe = {"postgres": _columns_postgres, "sqlite": _columns_sqlite,
                         "mysql": _columns_mysql}
             differ = []
-            for name in sorted(set(pg) - _only(pg) - FRAGMENTS - NEEDS_SAVEPOINT):
+            for name in sorted(set(pg) - _only(pg) - FRAGMENTS):
                 params = _sample_params(name, pg[name])
                 got = {}
                 for d in apps:

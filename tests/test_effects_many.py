@@ -476,6 +476,33 @@ def test_a_failing_fn_in_your_transaction_leaves_none_of_its_writes(app: App, db
             "partial-one:1", "partial:1", "partial:3"]
         assert [app.effects.get("partial", k).state for k in (1, 2, 3)] == ["done", "pending", "done"]
         assert app.effects.get("partial-one", 2).state == "pending"
+
+        def nested(c: Any) -> Any:
+            # An effect inside another's fn, on the same connection (its own savepoint: on
+            # MySQL a savepoint of the same name replaced the outer one, whose release then
+            # failed); key 2's outer fn fails after its inner effect: both roll back.
+            def fn(idem: str) -> None:
+                c.execute(sql, (idem,))
+                app.effects.run("inner", idem, lambda i: c.execute(sql, (i,)) and None, conn=c)
+                if idem.endswith(":2"):
+                    raise ValueError("after the inner effect")
+            return fn
+
+        def writes_then_coroutine(c: Any) -> Any:
+            def fn(idem: str) -> Any:
+                c.execute(sql, (idem,))
+                return _async_send(idem)
+            return fn
+
+        with proc_app._Tx(conn) as c:
+            out = app.effects.run_many("outer", [1, 2, 3], nested(c), conn=c)
+            assert (out.done, list(out.failed)) == (2, ["2"])
+            with pytest.raises(InvalidOption, match="never ran"):
+                app.effects.run("coro-tx", 1, writes_then_coroutine(c), conn=c)
+        rows = sorted(k for k, _, _ in proc_app.effect_rows(db_url) if "outer" in k or "coro" in k)
+        assert rows == ["inner:outer:1", "inner:outer:3", "outer:1", "outer:3"]
+        assert app.effects.counts("inner") == {"done": 2}
+        assert app.effects.get("coro-tx", 1).state == "pending"
     finally:
         conn.close()
 
@@ -872,6 +899,22 @@ def test_a_chunk_slower_than_its_lease_goes_on_in_smaller_chunks_and_nothing_goe
     assert out.chunks >= 3 and sorted(Counter(calls).values()) == [1] * 20
     assert set(doubts) == {0} and app.effects.counts("slow") == {"done": 20}
     assert "late" not in str(out)
+
+
+def test_keys_given_back_late_and_claimed_anew_still_count_as_redone(app: App) -> None:
+    """At least once, two entries in doubt redone by one chunk whose first fn outlasts the
+    lease's margin: the second key is given back and claimed anew (as pending, now); it
+    was counted done but not redone."""
+    for k in (1, 2):
+        assert app.effects.claim("redo-late", k, policy=AT_LEAST_ONCE, lease=0.05).claimed
+    time.sleep(0.1)
+
+    def first_slow(idem: str) -> None:
+        if idem.endswith(":1"):
+            time.sleep(0.45)  # past 0.5 s less its fifth
+
+    out = app.effects.run_many("redo-late", [1, 2], first_slow, policy=AT_LEAST_ONCE, lease=0.5)
+    assert (out.done, out.redone, out.chunks, out.late) == (2, 2, 2, ())
 
 
 def test_run_gives_back_a_claim_whose_lease_ran_out_before_fn_could_start(app: App) -> None:

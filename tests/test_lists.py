@@ -335,13 +335,13 @@ def test_run_next_starts_no_task_on_a_reservation_whose_time_ran_out_first(lapp:
     lapp.task(name="note", max_attempts=5)(lambda item: runs.append(item))
     lapp.lists.create("paused", task="note", items=[1], ttr=0.3)
     real_items = lapp.lists.items
-    stalls = [1]
+    stalls, stall = [1], [0.35]  # past the time to run
 
     def slow_items(res: Any) -> Any:
         got = real_items(res)
         if stalls[0]:
             stalls[0] -= 1
-            time.sleep(0.35)  # past the time to run
+            time.sleep(stall[0])
         return got
 
     lapp.lists.items = slow_items  # type: ignore[method-assign]
@@ -349,6 +349,14 @@ def test_run_next_starts_no_task_on_a_reservation_whose_time_ran_out_first(lapp:
     assert late is not None and (late.outcome, runs) == ("late", [])
     again = lapp.lists.run_next("paused")
     assert again is not None and (again.outcome, again.list_completed, runs) == ("completed", True, [1])
+    # Late on its last attempt: buried, as a failure would be (a time to run shorter than
+    # a reserve takes handed the position out for ever).
+    lapp.task(name="once", max_attempts=1)(lambda item: runs.append(item))
+    lapp.lists.create("paused-once", task="once", items=[2], ttr=2.0)
+    stalls[0], stall[0] = 1, 1.7  # past 2 s less its fifth, not past 2 s: still buriable
+    last = lapp.lists.run_next("paused-once")
+    assert last is not None and last.outcome == "buried" and "ran out" in (last.error or "")
+    assert runs == [1] and lapp.lists.run_next("paused-once") is None
 
 
 ODD = {

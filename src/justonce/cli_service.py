@@ -56,7 +56,8 @@ def serve(host: str, port: int, database_url: str | None, app_path: str | None,
         uvicorn.run(create_app(app, max_body_bytes=max_body_bytes, secret=secret_key), **options)
         return
     # Several processes: each builds the app from the environment, with one shared key.
-    os.environ.update(JUSTONCE_SERVE_DATABASE_URL=app.database_url, JUSTONCE_SERVE_APP=app_path or "",
+    os.environ.update(JUSTONCE_SERVE_PARENT=str(os.getpid()),  # (each worker ends with us)
+                      JUSTONCE_SERVE_DATABASE_URL=app.database_url, JUSTONCE_SERVE_APP=app_path or "",
                       JUSTONCE_SERVE_MAX_BODY_BYTES=str(max_body_bytes),
                       JUSTONCE_SECRET_KEY=secret_key or secrets.token_hex(32))
     app.close()

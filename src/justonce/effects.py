@@ -255,13 +255,9 @@ class Effects:
         else:
             return EffectOutcome(False, "late", claim.idempotency_key)
         try:
-            if conn is None:
-                result = fn(claim.idempotency_key)
-            else:  # (a failing fn's writes leave your transaction with it)
-                result = self.app.backend.callers_savepoint(
-                    conn, functools.partial(fn, claim.idempotency_key))
-            if _not_run(result):
-                raise InvalidOption(NOT_RUN)
+            call = functools.partial(_call, fn, claim.idempotency_key)
+            # (with conn=, a failing fn's writes leave your transaction with it)
+            result = call() if conn is None else self.app.backend.callers_savepoint(conn, call)
         except BaseException as exc:
             try:
                 claim.release(validate.exception_text(exc))
@@ -336,9 +332,10 @@ class Effects:
         owner, tally, started = _owner(), _Tally(), time.monotonic()
         for keys_now in _cut(ordered, size):
             rounds = 0
+            first_found: dict[str, str] = {}  # (a key given back and claimed anew was in doubt)
             while keys_now:
                 late, progressed = self._chunk(scope, keys_now, fn, policy, owner, lease_s,
-                                               wait, conn, tally)
+                                               wait, conn, tally, first_found)
                 rounds = 0 if progressed else rounds + 1
                 if late and rounds >= LATE_ROUNDS:
                     tally.late += late
@@ -353,7 +350,7 @@ class Effects:
 
     def _chunk(self, scope: str, keys: builtins.list[str], fn: Callable[[str], Any], policy: str,
                owner: str, lease: float, wait: float, conn: Any,
-               tally: _Tally) -> tuple[builtins.list[str], bool]:
+               tally: _Tally, first_found: dict[str, str]) -> tuple[builtins.list[str], bool]:
         """Claim, run and finish one chunk: (the claimed keys whose ``fn`` did not start
         because the lease ran short, given back; whether any ``fn`` started)."""
         backend = self.app.backend
@@ -381,14 +378,8 @@ class Effects:
                     late = [(k, t, LATE_NOTE) for k, t, _ in todo[n:]]
                     break
                 try:
-                    if conn is None:
-                        result = fn(f"{scope}:{key}")
-                    else:  # (a failing fn's writes leave your transaction with it)
-                        result = backend.callers_savepoint(conn, functools.partial(fn, f"{scope}:{key}"))
-                    if _not_run(result):
-                        # Not a failure of this key: fn is wrong for every key. Stop as
-                        # an interrupt does (what returned is kept, the rest given back).
-                        raise _NotRun(NOT_RUN)
+                    call = functools.partial(_call, fn, f"{scope}:{key}")
+                    result = call() if conn is None else backend.callers_savepoint(conn, call)
                 except _NotRun:
                     raise
                 except Exception as exc:  # noqa: BLE001 - recorded for its key; the run goes on
@@ -415,9 +406,10 @@ class Effects:
         if late:
             emit(Event.EFFECT_LATE, "a chunk's lease ran short: its unstarted keys were given "
                  "back and are claimed again", scope=scope, keys=len(late))
-        found_by_key = {k: f for k, _, f in todo}
+        for k, _, f in todo:
+            first_found.setdefault(k, f)
         tally.done += len(marked)
-        tally.redone += sum(1 for k in marked if found_by_key[k] == "in_doubt")
+        tally.redone += sum(1 for k in marked if first_found[k] == "in_doubt")
         overtaken = [k for k, _, _ in done if k not in marked]
         if overtaken:
             tally.overtaken += overtaken
@@ -522,6 +514,17 @@ def _not_run(result: Any) -> bool:
             close()  # (no "never awaited" warning: it is refused here)
         return True
     return False
+
+
+def _call(fn: Callable[[str], Any], idempotency_key: str) -> Any:
+    """``fn(idempotency_key)``; a coroutine or generator handed back raises ``_NotRun``
+    (inside the savepoint, with conn=: what fn wrote before goes too). Not a failure of
+    one key: fn is wrong for every key, so run_many stops as an interrupt does (what
+    returned is kept, the rest given back)."""
+    result = fn(idempotency_key)
+    if _not_run(result):
+        raise _NotRun(NOT_RUN)
+    return result
 
 
 NOT_RUN = ("fn returned a coroutine, generator or awaitable: its body never ran, so the "

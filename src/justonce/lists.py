@@ -372,6 +372,12 @@ class Lists:
             # position may be another reserver's by now. Give it back, start nothing.
             def late(conn: Any) -> ListRun:
                 with contextlib.suppress(StaleReservation):
+                    if res.attempt >= max_attempts:
+                        # (a time to run shorter than a reserve takes would hand the
+                        # position out for ever: the last attempt buries it, as a failure)
+                        why = "the time to run ran out before the task could start"
+                        self.bury(res, reason=why, conn=conn)
+                        return ListRun(name, position, item, res.attempt, "buried", error=why)
                     self.release(res, conn=conn)
                 return ListRun(name, position, item, res.attempt, "late")
 

@@ -14,6 +14,7 @@ is listed in its ``DIALECT_ONLY``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -182,25 +183,42 @@ class Dialect:
         """``fn()`` under a savepoint of its own when the caller's connection ``conn`` is in
         a transaction: rolled back to it if ``fn`` raises, so that an effect's function that
         wrote part of its work and then failed leaves none of it in your transaction (its
-        entry is released and may be done again). Outside a transaction, ``fn()`` as is."""
+        entry is released and may be done again). Outside a transaction, ``fn()`` as is.
+        Savepoints nest (an effect run inside another's function): each level has a name
+        of its own, since on MySQL a savepoint of the same name replaces the outer one."""
         if not self.caller_in_transaction(conn):
             return fn()
-        self.statement(conn, "fn_savepoint")
+        depth = self._fn_depth.get(id(conn), 0)
+        name = f"justonce_fn_{depth}"
+        self.plain(conn, f"SAVEPOINT {name}")
+        self._fn_depth[id(conn)] = depth + 1
         try:
             result = fn()
         except BaseException:
-            self.statement(conn, "fn_savepoint_rollback")
-            self.statement(conn, "fn_savepoint_release")
+            # Back to the savepoint; if the database ended the whole transaction meanwhile
+            # (a deadlock, a full disk) there is none: the original error is what matters.
+            with contextlib.suppress(Exception):
+                if self.caller_in_transaction(conn):
+                    self.plain(conn, f"ROLLBACK TO SAVEPOINT {name}")
+                    self.plain(conn, f"RELEASE SAVEPOINT {name}")
             raise
-        self.statement(conn, "fn_savepoint_release")
+        finally:
+            if depth:
+                self._fn_depth[id(conn)] = depth
+            else:
+                self._fn_depth.pop(id(conn), None)
+        self.plain(conn, f"RELEASE SAVEPOINT {name}")
         return result
+
+    _fn_depth: dict[int, int] = {}
+    """Per caller's connection, how many effect functions run inside each other on it."""
 
     def caller_in_transaction(self, conn: Any) -> bool:
         """Whether the caller's connection has a transaction open now."""
         raise NotImplementedError
 
-    def statement(self, c: Any, name: str) -> None:
-        """Run statement ``name``, which takes no parameters and returns no rows."""
+    def plain(self, c: Any, text: str) -> None:
+        """Run SQL ``text`` that takes no parameters and returns no rows (a savepoint's)."""
         raise NotImplementedError
 
     # -- transactions -------------------------------------------------------------------------

@@ -118,8 +118,11 @@ def from_environment() -> FastAPI:
     from ..lifeline import end_with_parent
 
     # uvicorn's supervisor is the parent: killed with SIGKILL, it cannot stop us, and we
-    # would go on serving (holding the port) with nobody to stop us.
-    end_with_parent(os.getppid(), name="justonce-serve-parent")
+    # would go on serving (holding the port) with nobody to stop us. Its pid comes from
+    # the environment: one killed while we were still starting is not our parent by now.
+    raw = os.environ.get("JUSTONCE_SERVE_PARENT", "")
+    end_with_parent(int(raw) if raw.isascii() and raw.isdigit() else os.getppid(),
+                    name="justonce-serve-parent")
     app = load_app(os.environ.get("JUSTONCE_SERVE_APP") or None,
                    os.environ["JUSTONCE_SERVE_DATABASE_URL"], strict=False)
     return create_app(app, max_body_bytes=int(os.environ["JUSTONCE_SERVE_MAX_BODY_BYTES"]),

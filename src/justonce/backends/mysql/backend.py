@@ -602,8 +602,9 @@ class MySQLDialect(Dialect):
             return "does not reach justonce's tables (no justonce_migrations in its database)"
         return super().other_database(mine, theirs)
 
-    def statement(self, c: pymysql.Connection, name: str) -> None:
-        self._run(c, name, {})
+    def plain(self, c: pymysql.Connection, text: str) -> None:
+        with c.cursor() as cur:
+            cur.execute(text)
 
     def caller_in_transaction(self, conn: pymysql.Connection) -> bool:
         return self._in_transaction(conn)

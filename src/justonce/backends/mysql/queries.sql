@@ -854,16 +854,6 @@ SELECT IF(c.state = 'done', 'done', g.state),
 -- row update instead of 500 look-ups and updates (~20-30 us of the server's time a key on
 -- MariaDB 10.11, most of a Push's ledger cost there).
 
--- name: fn_savepoint
--- Around an effect's function in the caller's transaction (Dialect.callers_savepoint).
-SAVEPOINT justonce_fn;
-
--- name: fn_savepoint_rollback
-ROLLBACK TO SAVEPOINT justonce_fn;
-
--- name: fn_savepoint_release
-RELEASE SAVEPOINT justonce_fn;
-
 -- name: effect_chunk_open
 INSERT INTO justonce_effect_chunks (scope, state, lease_expires_at)
 VALUES (%(scope)s, 'running', NOW(6) + INTERVAL ROUND(%(lease)s * 1000000) MICROSECOND);

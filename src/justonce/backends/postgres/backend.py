@@ -493,8 +493,8 @@ class PostgresDialect(Dialect):
                     "ids and effects are not this App's)")
         return None
 
-    def statement(self, c: psycopg.Connection, name: str) -> None:
-        c.execute(_plain(name))
+    def plain(self, c: psycopg.Connection, text: str) -> None:
+        c.execute(text)
 
     def caller_in_transaction(self, conn: psycopg.Connection) -> bool:
         return conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS

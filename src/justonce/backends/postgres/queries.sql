@@ -908,16 +908,6 @@ SELECT CASE WHEN c.state = 'done' THEN 'done' ELSE g.state END,
 -- scope, growing with it, against 1-2 ms. Updates then go to the rows found, by ctid
 -- (stable: this transaction holds their locks).
 
--- name: fn_savepoint
--- Around an effect's function in the caller's transaction (Dialect.callers_savepoint).
-SAVEPOINT justonce_fn
-
--- name: fn_savepoint_rollback
-ROLLBACK TO SAVEPOINT justonce_fn
-
--- name: fn_savepoint_release
-RELEASE SAVEPOINT justonce_fn
-
 -- name: effect_chunk_open
 INSERT INTO justonce_effect_chunks (scope, state, lease_expires_at)
 VALUES (%(scope)s, 'running', now() + %(lease)s::float8 * interval '1 second')

@@ -317,8 +317,8 @@ class SQLiteDialect(Dialect):
             return f"is a connection to another database file than this App's ({self.path})"
         return None
 
-    def statement(self, c: sqlite3.Connection, name: str) -> None:
-        c.execute(Q[name])
+    def plain(self, c: sqlite3.Connection, text: str) -> None:
+        c.execute(text)
 
     def caller_in_transaction(self, conn: sqlite3.Connection) -> bool:
         return bool(conn.in_transaction)

@@ -537,16 +537,6 @@ SELECT CASE WHEN c.state = 'done' THEN 'done' ELSE g.state END,
 -- on the other dialects. The entries a chunk claims point at its row (chunk_id) and have
 -- no lease of their own: the chunk's lease is theirs, and its done mark is theirs.
 
--- name: fn_savepoint
--- Around an effect's function in the caller's transaction (Dialect.callers_savepoint).
-SAVEPOINT justonce_fn
-
--- name: fn_savepoint_rollback
-ROLLBACK TO SAVEPOINT justonce_fn
-
--- name: fn_savepoint_release
-RELEASE SAVEPOINT justonce_fn
-
 -- name: effect_chunk_open
 INSERT INTO justonce_effect_chunks (scope, state, lease_expires_at, created_at)
 VALUES (:scope, 'running', NOW() + :lease, NOW())
