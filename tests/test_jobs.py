@@ -6,7 +6,9 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -987,6 +989,24 @@ def test_the_sqlite_check_of_a_callers_connection_takes_no_snapshot(tapp: App, d
     other.close()
 
 
+@contextmanager
+def scratch_postgres_database(prefix: str) -> Iterator[str]:
+    """The URL of a Postgres database of its own (created, then dropped)."""
+    import psycopg
+
+    from conftest import postgres_or_skip
+
+    server = postgres_or_skip().split("?")[0]
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"{server.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.mark.postgres
 def test_a_conn_moved_to_another_install_after_a_good_call_is_refused() -> None:
     """The check is made on every call: a connection checked once and then moved by its
@@ -994,19 +1014,12 @@ def test_a_conn_moved_to_another_install_after_a_good_call_is_refused() -> None:
     taken when the check was remembered per connection, and the job written there."""
     import psycopg
 
-    from conftest import postgres_or_skip
-
-    server = postgres_or_skip().split("?")[0]
-    base = server.rsplit("/", 1)[0]
-    name = f"jo_moved_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    try:
-        mine = App(f"{base}/{name}", strict=False)  # (no ?schema=: public)
-        other = App(f"{base}/{name}?schema=other", strict=False)
+    with scratch_postgres_database("jo_moved") as url:
+        mine = App(url, strict=False)  # (no ?schema=: public)
+        other = App(f"{url}?schema=other", strict=False)
         for a in (mine, other):
             a.migrate()
-        with psycopg.connect(f"{base}/{name}") as c:
+        with psycopg.connect(url) as c:
             ids = [mine.enqueue("t", [i], conn=c).id for i in range(2)]
             c.commit()
             assert [mine.get_job(i).args for i in ids] == [[0], [1]]
@@ -1017,9 +1030,6 @@ def test_a_conn_moved_to_another_install_after_a_good_call_is_refused() -> None:
         assert other.queue_counts() == []
         for a in (mine, other):
             a.close()
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.mark.mysql
@@ -1083,32 +1093,22 @@ def test_a_database_made_again_under_a_live_app_is_taken_as_its_own() -> None:
     until the process restarted. A refusal now reads the App's own mark again first."""
     import psycopg
 
-    from conftest import postgres_or_skip
-
-    server = postgres_or_skip().split("?")[0]
-    base = server.rsplit("/", 1)[0]
-    name = f"jo_again_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    try:
-        app = App(f"{base}/{name}", strict=False)
+    with scratch_postgres_database("jo_again") as url:
+        app = App(url, strict=False)
         app.migrate()
-        with psycopg.connect(f"{base}/{name}") as c:
+        with psycopg.connect(url) as c:
             app.enqueue("t", [1], conn=c)
             c.commit()
             c.execute("DROP SCHEMA public CASCADE")
             c.execute("CREATE SCHEMA public")
             c.commit()
-            again = App(f"{base}/{name}", strict=False)
+            again = App(url, strict=False)
             again.migrate()
             again.close()
             job = app.enqueue("t", [2], conn=c)
             c.commit()
         assert app.get_job(job.id).args == [2]
         app.close()
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def test_keyed_enqueue_cancel_and_retry_on_your_own_connection_see_your_transaction(

@@ -24,7 +24,7 @@ import proc_app
 from conftest import LONG, _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
 from justonce import App
 from test_web_hostile import sign_in
-from webserver import Server, serving
+from webserver import Server, serving, serving_with_ledger
 
 TRIGGER = {
     "sqlite": ["CREATE TRIGGER jo_refuse_audit BEFORE INSERT ON justonce_audit "
@@ -51,24 +51,9 @@ def kind(url: str) -> str:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres", "mysql"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = tmp_path_factory.mktemp("audit")
-    args = ("--app", "proc_app:app")
-    if request.param == "sqlite":
-        with serving(f"sqlite:///{folder / 'jobs.db'}", folder / "serve.log", *args) as s:
-            proc_app.create_ledger(s.db_url)
-            yield s
-        return
-    if request.param == "mysql":
-        with mysql_database(mysql_or_skip()) as url, serving(url, folder / "serve.log", *args) as s:
-            proc_app.create_ledger(url)
-            yield s
-        return
-    base = postgres_or_skip()
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with serving(f"{base}{'&' if '?' in base else '?'}schema={schema}", folder / "serve.log", *args) as s:
-        proc_app.create_ledger(s.db_url)
+    with serving_with_ledger(request.param, tmp_path_factory.mktemp("audit"),
+                             "--app", "proc_app:app") as s:
         yield s
-    _drop_schema(base, schema)
 
 
 @contextmanager

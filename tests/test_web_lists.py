@@ -21,36 +21,19 @@ import httpx
 import pytest
 
 import proc_app
-from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
 from justonce import App
 from justonce.web import api_lists
 from test_web_api import assert_problem, snapshot
-from webserver import Server, serving
+from webserver import Server, serving_with_ledger
 
 API = "/api/v1/lists"
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres", "mysql"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = tmp_path_factory.mktemp("lists")
-    args = ("--app", "proc_app:app")
-    if request.param == "sqlite":
-        url = f"sqlite:///{folder / 'jobs.db'}"
-        with serving(url, folder / "serve.log", *args) as s:
-            proc_app.create_ledger(url)
-            yield s
-        return
-    if request.param == "mysql":
-        with mysql_database(mysql_or_skip()) as url, serving(url, folder / "serve.log", *args) as s:
-            proc_app.create_ledger(url)
-            yield s
-        return
-    base = postgres_or_skip()
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with serving(f"{base}{'&' if '?' in base else '?'}schema={schema}", folder / "serve.log", *args) as s:
-        proc_app.create_ledger(s.db_url)
+    with serving_with_ledger(request.param, tmp_path_factory.mktemp("lists"),
+                             "--app", "proc_app:app") as s:
         yield s
-    _drop_schema(base, schema)
 
 
 def fresh(prefix: str) -> str:

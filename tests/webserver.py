@@ -86,3 +86,31 @@ def serving(db_url: str, log: Path, *serve_args: str, migrate: bool = True) -> I
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def serving_with_ledger(backend: str, folder: Path, *serve_args: str) -> Iterator[Server]:
+    """``serving`` on a fresh database of ``backend`` (sqlite, postgres or mysql: a file in
+    ``folder``, a scratch schema, a scratch database), with the tests' effect ledger table."""
+    import proc_app
+    from conftest import _drop_schema, mysql_database, mysql_or_skip, postgres_or_skip
+
+    if backend == "sqlite":
+        with serving(f"sqlite:///{folder / 'jobs.db'}", folder / "serve.log", *serve_args) as s:
+            proc_app.create_ledger(s.db_url)
+            yield s
+        return
+    if backend == "mysql":
+        with mysql_database(mysql_or_skip()) as url, serving(url, folder / "serve.log", *serve_args) as s:
+            proc_app.create_ledger(url)
+            yield s
+        return
+    base = postgres_or_skip()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        with serving(f"{base}{'&' if '?' in base else '?'}schema={schema}", folder / "serve.log",
+                     *serve_args) as s:
+            proc_app.create_ledger(s.db_url)
+            yield s
+    finally:
+        _drop_schema(base, schema)
