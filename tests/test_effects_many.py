@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import proc_app
+from conftest import LONG
 from effects_many_procs import read_logs, send_many
 from fleet import Procs, proc_app_on, wait_for
 from justonce import (
@@ -663,17 +664,18 @@ def test_a_function_that_hands_back_a_coroutine_does_no_effect_and_nothing_is_ma
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
-def test_a_chunk_of_big_results_is_marked_done_on_every_backend(app: App) -> None:
+def test_a_chunk_of_big_results_is_marked_done_on_every_backend(app: App, db_url: str) -> None:
     """500 keys whose fn returns a distinct ~40 KB result (the limit is 64 KiB): the chunk's
     done marks were one ~40 MB statement, past MariaDB's max_allowed_packet; the finish
     failed after every fn had run and left the whole chunk in doubt. Now cut into
     statements of the same transaction."""
-    out = app.effects.run_many("big-results", range(500),
+    n = 500 if LONG or db_url.startswith("mysql") else 100  # (the limit is MySQL's)
+    out = app.effects.run_many("big-results", range(n),
                                lambda idem: idem + ":" + "r\"é" * 13_000)
-    assert (out.done, out.chunks, dict(out.failed)) == (500, 1, {})
-    for k in (0, 250, 499):
+    assert (out.done, out.chunks, dict(out.failed)) == (n, 1, {})
+    for k in (0, n // 2, n - 1):
         assert app.effects.get("big-results", k).result == f"big-results:{k}:" + "r\"é" * 13_000
-    assert app.effects.counts("big-results") == {"done": 500}
+    assert app.effects.counts("big-results") == {"done": n}
 
 
 def test_long_unicode_keys_are_cut_into_chunks_a_claim_can_send(app: App) -> None:
