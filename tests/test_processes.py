@@ -39,7 +39,7 @@ from justonce import App, Enqueue, Job
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-DRAIN_JOBS = 20_000 if LONG else 10_000
+DRAIN_JOBS = 20_000 if LONG else 6_000
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def database_blocked(url: str, job_id: int) -> bool:
 def test_six_workers_drain_thousands_of_jobs_every_job_runs_and_succeeds_exactly_once(
     app: App, db_url: str, fleet: Fleet
 ) -> None:
-    """Nothing is killed: 6 worker processes drain DRAIN_JOBS jobs (10,000 in CI, 20,000
+    """Nothing is killed: 6 worker processes drain DRAIN_JOBS jobs (6,000 in CI, 20,000
     with JUSTONCE_LONG_TESTS=1). Afterwards the ledger has exactly one row per job (every
     n once, none twice) and every job is succeeded, none ready or running."""
     total = DRAIN_JOBS
