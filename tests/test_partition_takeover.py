@@ -46,7 +46,7 @@ starts were dated by the first line) is a run frozen before its start row, not o
 started after waking.
 
 ``JUSTONCE_TAKEOVER_FREEZES=N`` sets the number of freezes taken over per backend
-(default 24 with JUSTONCE_LONG_TESTS=1, about 90 s per backend, else 3; done two at a
+(default 24 with JUSTONCE_LONG_TESTS=1, about 90 s per backend, else 2; done two at a
 time); raise it for a longer soak,
 e.g. ``JUSTONCE_TAKEOVER_FREEZES=100``.
 """
@@ -91,7 +91,7 @@ LEASE, HEARTBEAT, POLL, HOUSEKEEPING = 2.0, 0.5, 0.1, 0.2
 KEYS = [f"acct-{i}" for i in range(80)]
 JOB_SECONDS = 0.01
 FIRST_JOBS, LOW_WATER = 4000, 1200  # below LOW_WATER unfinished jobs, top up to twice it
-FREEZES = int(os.environ.get("JUSTONCE_TAKEOVER_FREEZES", "24" if LONG else "3"))
+FREEZES = int(os.environ.get("JUSTONCE_TAKEOVER_FREEZES", "24" if LONG else "2"))
 PER_ROUND = 2
 FROZEN_FOR = 2.5 * LEASE
 SUCCESSOR_STARTS = 3  # jobs of the slot its new holder starts before the frozen one wakes
