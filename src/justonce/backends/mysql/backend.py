@@ -568,12 +568,10 @@ class MySQLDialect(Dialect):
     def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
         if conn is not None:
             c = self._caller_connection(conn)
-            if atomic and not self._in_transaction(c):
-                # Your connection in autocommit, outside a transaction: the operation's
-                # statements still commit together (a bulk insert's rows, and the ids it
-                # hands back in the order given before anyone may claim them).
-                return self._caller_autocommit_tx(c, fn)
-            return fn(c)
+            # Your connection in autocommit, outside a transaction: the operation's
+            # statements still commit together (a bulk insert's rows, and the ids it hands
+            # back in the order given before anyone may claim them).
+            return self._atomic(c, fn) if atomic else fn(c)
         if atomic:
             return self._own_tx(fn)
         with self._connection() as c:
