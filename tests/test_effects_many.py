@@ -903,6 +903,48 @@ def test_a_chunk_slower_than_its_lease_goes_on_in_smaller_chunks_and_nothing_goe
     assert "late" not in str(out)
 
 
+def test_claims_on_your_connection_in_autocommit_mode_keep_to_their_lease(app: App, db_url: str) -> None:
+    """On a connection in autocommit mode a claim commits at once (everyone sees it, its
+    lease runs): fn must not start past the lease's margin there either. conn= skipped the
+    check, as if every conn= were an open transaction: an operator's redo of the chunk in
+    doubt and its holder's later calls did 6 of 12 at-most-once effects twice."""
+    conn = proc_app.ledger_connect(db_url)  # (autocommit)
+    calls: list[str] = []
+    doubts: list[int] = []
+
+    def slow(idem: str) -> None:
+        doubts.append(len(app.effects.in_doubt("ac")))
+        calls.append(idem)
+        time.sleep(0.1)
+
+    try:
+        assert not app.backend.caller_in_transaction(conn)
+        out = app.effects.run_many("ac", range(20), slow, lease=1.0, conn=conn)
+        assert (out.done, out.late, out.overtaken, dict(out.failed)) == (20, (), (), {})
+        assert out.chunks >= 3 and sorted(Counter(calls).values()) == [1] * 20
+        assert set(doubts) == {0} and app.effects.counts("ac") == {"done": 20}
+
+        stalls = [0]
+        real_claim = app.effects.claim
+
+        def claim_then_stall(*args: Any, **kwargs: Any) -> Any:
+            c = real_claim(*args, **kwargs)
+            stalls[0] += 1
+            time.sleep(0.25)  # past the 0.2 s lease's last fifth, every time
+            return c
+
+        app.effects.claim = claim_then_stall  # type: ignore[method-assign]
+        out1 = app.effects.run("ac-one", 1, calls.append, lease=0.2, conn=conn)
+        assert (out1.ran, out1.state, stalls[0]) == (False, "late", 3)
+        assert "ac-one:1" not in calls and app.effects.get("ac-one", 1).state == "pending"
+        # In your open transaction nobody sees the claims before you commit: no deadline.
+        with proc_app._Tx(conn) as c:
+            out1 = app.effects.run("ac-one", 2, calls.append, lease=0.2, conn=c)
+        assert (out1.ran, out1.state) == (True, "done")
+    finally:
+        conn.close()
+
+
 def test_keys_given_back_late_and_claimed_anew_still_count_as_redone(app: App) -> None:
     """At least once, two entries in doubt redone by one chunk whose first fn outlasts the
     lease's margin: the second key is given back and claimed anew (as pending, now); it

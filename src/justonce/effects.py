@@ -246,8 +246,9 @@ class Effects:
             # fn starts only while the claim's lease (counted from before the claim was
             # sent, so never later than the database's) has more than a margin left: a
             # process paused past it finds its entry in doubt, maybe resolved and redone.
-            # (In your transaction nobody else sees the claim until you commit.)
-            if conn is not None or time.monotonic() < started + lease_s - _margin(lease_s):
+            # (In your open transaction nobody else sees the claim until you commit.)
+            if (self._uncommitted(conn)
+                    or time.monotonic() < started + lease_s - _margin(lease_s)):
                 break
             emit(Event.EFFECT_LATE, "an effect's claim ran out before fn started: given back",
                  scope=claim.scope, keys=1)
@@ -270,6 +271,13 @@ class Effects:
             # At least once: the lease ran out while fn ran, and another claim redid it.
             return EffectOutcome(True, "overtaken", claim.idempotency_key, result)
         return EffectOutcome(True, "done", claim.idempotency_key, result)
+
+    def _uncommitted(self, conn: Any) -> bool:
+        """Whether the claim just made on ``conn`` waits for the caller's commit (nobody
+        sees it meanwhile, so its lease cannot run out under ``fn``). On a connection in
+        autocommit mode it committed at once, as the App's own claims do, and the lease
+        counts from then: the same deadline as without ``conn``."""
+        return conn is not None and self.app.backend.caller_in_transaction(conn)
 
     @staticmethod
     def _give_back(claim: EffectClaim) -> None:
@@ -319,7 +327,8 @@ class Effects:
 
         With ``conn=`` (your open transaction) the whole call is one chunk in that
         transaction: claims, your writes in ``fn`` and the done marks commit or roll back
-        together."""
+        together. (On a connection in autocommit mode the claims commit at once: the
+        lease's deadline holds as without ``conn``.)"""
         scope = _scope(scope)
         _check_fn(fn)
         _policy(policy)
@@ -358,8 +367,8 @@ class Effects:
         claimed_at = time.monotonic()
         chunk, claims = backend.effect_claim_many(scope, keys, policy, owner, lease, wait,
                                                   conn=conn)
-        # (in your transaction nobody else sees the claims until you commit: no deadline)
-        deadline = None if conn is not None else claimed_at + lease - _margin(lease)
+        # (in your open transaction nobody else sees the claims until you commit: no deadline)
+        deadline = None if self._uncommitted(conn) else claimed_at + lease - _margin(lease)
         tally.chunks += 1
         todo = []
         for key, found, token in claims:

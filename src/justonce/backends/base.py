@@ -382,6 +382,10 @@ class Backend(Protocol):
         """``fn()`` under a savepoint of its own in the caller's open transaction on
         ``conn`` (rolled back to it when ``fn`` raises); as is outside a transaction."""
 
+    def caller_in_transaction(self, conn: Any) -> bool:
+        """Whether the caller's connection ``conn`` has a transaction open now (what a call
+        made on it wrote is seen by nobody else until the caller commits)."""
+
     # -- the dashboard's reads (dashstore.py): bounded on a big table ---------------------
     def dash_counts(self) -> dict[tuple[str, str], Count]:
         """Jobs per (queue, state): exact on a small table, else estimated or capped."""

@@ -377,6 +377,9 @@ class Store:
     def callers_savepoint(self, conn: Any, fn: Callable[[], Any]) -> Any:
         return self.d.callers_savepoint(conn, fn)
 
+    def caller_in_transaction(self, conn: Any) -> bool:
+        return self.d.caller_in_transaction(conn)
+
     def waiter(self, queues: Sequence[str], listen: bool = True) -> Waiter:
         return self.d.waiter(queues, listen)
 
