@@ -918,6 +918,43 @@ def test_conn_to_another_database_a_closed_one_or_a_failed_transaction_is_refuse
         assert sum(c.count for c in tapp.queue_counts()) == 2 and tapp.get_job(mine.id).args == [0, 0]
 
 
+@pytest.mark.parametrize("zone", ["-05:00", "+05:30"])
+def test_a_mysql_conn_whose_session_is_not_in_utc_is_refused(tapp: App, db_url: str, zone: str) -> None:
+    """justonce keeps times in UTC and reads the clock with NOW(6), which follows the
+    session's time zone: a caller's connection at -05:00 passed a fence on a lease expired
+    0.5 s before, expired a batch of expire_after=3600 at the next prune, let another caller
+    redo an effect inside its 600 s lease and ran a job delayed by an hour at once (+05:00:
+    a live holder's fence refused). Refused now, before anything is written, and the
+    caller's transaction stays usable."""
+    if not db_url.startswith("mysql"):
+        pytest.skip("a MySQL session's time zone (Postgres keeps timestamptz, SQLite julianday)")
+    lease = tapp.partitions.acquire("tz", 2, lease=30)
+    conn = _own_connection(db_url)
+    try:
+        conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        conn.execute(f"SET time_zone = '{zone}'")
+        for call in (lambda: lease.fence(conn),
+                     lambda: tapp.batches.open("tz", expire_after=3600, conn=conn),
+                     lambda: tapp.effects.claim("tz", 1, lease=600, conn=conn),
+                     lambda: tapp.enqueue("add", [1, 2], delay=3600, conn=conn)):
+            with pytest.raises(InvalidOption, match=r"not in UTC .*SET time_zone = '\+00:00'"):
+                call()
+        conn.execute("SELECT 1")  # (still usable)
+        conn.rollback()
+        assert tapp.queue_counts() == [] and tapp.batches.list() == []
+        assert tapp.effects.list("tz") == []
+        for ok in ("+00:00", "UTC" if conn.execute("SELECT CONVERT_TZ(NOW(), '+00:00', 'UTC')")
+                   .fetchone()[0] else "+00:00"):  # (named zones need the server's zone tables)
+            conn.execute(f"SET time_zone = '{ok}'")
+            lease.fence(conn)
+            job = tapp.enqueue("add", [1, 2], delay=3600, conn=conn)
+            conn.commit()
+            assert tapp.get_job(job.id).state == "scheduled"
+    finally:
+        conn.close()
+        lease.release()
+
+
 def test_a_refused_conn_leaves_the_callers_postgres_transaction_usable(tapp: App, db_url: str) -> None:
     """The check of a caller's connection reads nothing that can fail: an error there
     ended the caller's whole transaction (the README promises a refused call leaves the

@@ -593,7 +593,16 @@ class MySQLDialect(Dialect):
                     "(its snapshot cannot read them): commit or roll it back, then call again"
                 ) from None
             raise
-        return int(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        mark, offset = rows[0]
+        if offset:
+            raise InvalidOption(
+                f"conn's session is not in UTC (its NOW() is {int(offset) / 3600:+g} h from "
+                "UTC_TIMESTAMP()): justonce keeps its times in UTC and reads the clock with "
+                "NOW(6), so every lease, delay and expiry would move by that much: run "
+                "SET time_zone = '+00:00' on it")
+        return int(mark)
 
     def other_database(self, mine: Any, theirs: Any) -> str | None:
         if theirs is None:

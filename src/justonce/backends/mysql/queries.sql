@@ -363,8 +363,13 @@ DELETE FROM justonce_queue_pauses WHERE queue IN %(picked)s;
 -- dialect-only: each dialect reads its own mark (Dialect.database_mark)
 -- Which database a connection reaches (Dialect.same_database): when its first migration
 -- ran, to the microsecond, as a number (DATETIME has no time zone; a number reads the
--- same whatever the connection's converters). The same on a replica.
-SELECT TIMESTAMPDIFF(MICROSECOND, '2000-01-01', applied_at) FROM justonce_migrations WHERE version = 1;
+-- same whatever the connection's converters). The same on a replica. And how far the
+-- session's NOW() is from UTC: every time justonce keeps is UTC and read with NOW(6), so a
+-- caller's connection in another time zone would move every lease, fence, delay and
+-- expiry it touches by that much (refused unless 0).
+SELECT TIMESTAMPDIFF(MICROSECOND, '2000-01-01', applied_at),
+       TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(6), NOW(6))
+  FROM justonce_migrations WHERE version = 1;
 
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue;
