@@ -955,6 +955,44 @@ def test_a_mysql_conn_whose_session_is_not_in_utc_is_refused(tapp: App, db_url: 
         lease.release()
 
 
+@pytest.mark.parametrize("found_rows", [False, True], ids=["rows-changed", "rows-found"])
+def test_a_held_key_on_a_mysql_conn_that_counts_rows_found_returns_its_holder(
+        tapp: App, db_url: str, found_rows: bool) -> None:
+    """A connection opened with CLIENT_FOUND_ROWS (SQLAlchemy's mysql+pymysql default)
+    counts an upsert that changed nothing as 1 row: a keyed enqueue of a held key went on
+    to read LAST_INSERT_ID(), the connection's previous insert, and returned that job (an
+    earlier job, or whichever job had the id of the caller's own order row) as new; a pause
+    of a paused queue answered already=False."""
+    if not db_url.startswith("mysql"):
+        pytest.skip("CLIENT_FOUND_ROWS is a MySQL connection flag")
+    import proc_app
+    from pymysql.constants import CLIENT
+
+    conn = proc_app.ledger_connect(db_url, CLIENT.FOUND_ROWS if found_rows else 0)
+    try:
+        earlier = tapp.enqueue("add", [1, 1], key="earlier", conn=conn)
+        holder = tapp.enqueue("add", [2, 2], key="k")
+        again = tapp.enqueue("add", [3, 3], key="k", conn=conn)
+        assert (again.id, again.duplicate) == (holder.id, True) and earlier.id != holder.id
+        # The caller's own insert in the same transaction, whose id is an existing job's
+        # (LAST_INSERT_ID(expr) sets it as such an insert would).
+        conn.execute("CREATE TEMPORARY TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT)")
+        with conn.transaction():
+            conn.execute("INSERT INTO orders (v) VALUES (1)")
+            conn.execute("SELECT LAST_INSERT_ID(%s)", (earlier.id,))
+            third = tapp.enqueue("add", [4, 4], key="k", conn=conn)
+            new = tapp.enqueue("add", [5, 5], key="fresh", conn=conn)
+        assert (third.id, third.duplicate) == (holder.id, True)
+        assert not new.duplicate and tapp.get_job(new.id).args == [5, 5]
+        assert tapp.get_job(earlier.id).args == [1, 1]
+        assert tapp.pause_queue("q", conn=conn).already is False
+        assert tapp.pause_queue("q", conn=conn).already is True
+        assert tapp.pause_queue("q").already is True
+        assert tapp.resume_queue("q", conn=conn) is True
+    finally:
+        conn.close()
+
+
 def test_a_refused_conn_leaves_the_callers_postgres_transaction_usable(tapp: App, db_url: str) -> None:
     """The check of a caller's connection reads nothing that can fail: an error there
     ended the caller's whole transaction (the README promises a refused call leaves the

@@ -35,6 +35,10 @@
 -- name: job_insert
 -- A held live key makes the insert change nothing (the unique index on live_key), which
 -- ends the block with no row: the caller then looks the holder up (job_live_by_keys).
+-- On a connection that counts rows found (CLIENT_FOUND_ROWS, SQLAlchemy's default) that
+-- no-op counts 1 and the block goes on: LAST_INSERT_ID(0) then makes its SELECT find no
+-- row (LAST_INSERT_ID() was the connection's previous insert: another job, returned as
+-- this one).
 INSERT INTO justonce_jobs (queue, task, args, kwargs, state, priority, run_at, max_attempts,
                            timeout, `key`, partition_key, batch_item, partition_hash)
 VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
@@ -46,7 +50,7 @@ VALUES (%(queue)s, %(task)s, %(args)s, %(kwargs)s,
                  NOW(6) + INTERVAL ROUND(%(delay)s * 1000000) MICROSECOND),
         %(max_attempts)s, %(timeout)s, %(key)s, %(partition_key)s, %(batch_item)s,
         %(partition_hash)s)
-ON DUPLICATE KEY UPDATE id = id;
+ON DUPLICATE KEY UPDATE id = id + LAST_INSERT_ID(0);
 SELECT id, state, run_at, created_at, NULL FROM justonce_jobs WHERE id = LAST_INSERT_ID();
 
 -- name: job_take_key
@@ -347,9 +351,12 @@ SELECT queue, state, COUNT(*) FROM justonce_jobs GROUP BY queue, state ORDER BY 
 -- name: queue_pause
 -- Pause %(queue)s: a no-op when it is paused already (the first pause's time, actor and
 -- note stay). queue_pause_get then reads the pause in force, in the same transaction.
+-- Whether this call made it is told by LAST_INSERT_ID (1 before, 0 after a no-op), not by
+-- the count alone: a connection that counts rows found (CLIENT_FOUND_ROWS) counts the no-op.
+DO LAST_INSERT_ID(1);
 INSERT INTO justonce_queue_pauses (queue, actor, note) VALUES (%(queue)s, %(actor)s, %(note)s)
-    ON DUPLICATE KEY UPDATE queue = queue;
-SELECT %(queue)s AS queue;
+    ON DUPLICATE KEY UPDATE queue = IF(LAST_INSERT_ID(0), queue, queue);
+SELECT %(queue)s AS queue FROM DUAL WHERE LAST_INSERT_ID() = 1;
 
 -- name: queue_pause_get
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses WHERE queue = %(queue)s;
