@@ -17,7 +17,18 @@ import pytest
 
 import proc_app
 from conftest import LONG
-from justonce import App, Enqueue, InvalidOption, InvalidTransition, Job, JobNotFound, JobState, KeyConflict
+from justonce import (
+    App,
+    DatabaseUnavailable,
+    Enqueue,
+    InvalidOption,
+    InvalidTransition,
+    Job,
+    JobNotFound,
+    JobState,
+    KeyConflict,
+    LockTimeout,
+)
 from justonce.models import Completion, Failure
 from justonce.worker import Maintenance
 
@@ -965,7 +976,6 @@ def test_a_held_key_on_a_mysql_conn_that_counts_rows_found_returns_its_holder(
     of a paused queue answered already=False."""
     if not db_url.startswith("mysql"):
         pytest.skip("CLIENT_FOUND_ROWS is a MySQL connection flag")
-    import proc_app
     from pymysql.constants import CLIENT
 
     conn = proc_app.ledger_connect(db_url, CLIENT.FOUND_ROWS if found_rows else 0)
@@ -989,6 +999,46 @@ def test_a_held_key_on_a_mysql_conn_that_counts_rows_found_returns_its_holder(
         assert tapp.pause_queue("q", conn=conn).already is True
         assert tapp.pause_queue("q").already is True
         assert tapp.resume_queue("q", conn=conn) is True
+    finally:
+        conn.close()
+
+
+def test_a_key_taken_after_your_snapshot_began_is_its_holder_or_a_clear_error(tapp: App, db_url: str) -> None:
+    """Your transaction read first (its snapshot begins), then another one committed the
+    key's holder, then you enqueue the key. MySQL's REPEATABLE READ (the server's default):
+    the insert's unique check saw the holder and the look-up did not, so the call failed
+    with 'could not settle key' (retrying it in the same transaction never could); now the
+    holder is read with a locking read. Postgres (REPEATABLE READ) and SQLite (a deferred
+    transaction that read) refuse the write: the driver's own error came out; now it is a
+    DatabaseUnavailable (LockTimeout on SQLite) saying to run the transaction again."""
+    conn = _own_connection(db_url)
+    kind = next(k for k in ("postgres", "mysql", "sqlite") if db_url.startswith(k))
+    try:
+        def read_first() -> None:
+            if kind == "postgres":
+                import psycopg
+
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            if kind == "sqlite":
+                conn.execute("BEGIN")
+            conn.execute("SELECT COUNT(*) FROM justonce_jobs").fetchall()  # (the snapshot)
+
+        for n, call in enumerate((lambda k: tapp.enqueue("add", [9, 9], key=k, conn=conn).id,
+                                  lambda k: tapp.enqueue_many([Enqueue("add", args=(9, 9), key=k),
+                                                               Enqueue("add", args=(8, 8))], conn=conn)[0])):
+            read_first()
+            holder = tapp.enqueue("add", [n, n], key=f"snap{n}")
+            if kind == "mysql":
+                assert call(f"snap{n}") == holder.id
+                conn.commit()
+            else:
+                with pytest.raises(DatabaseUnavailable, match="run it again") as raised:
+                    call(f"snap{n}")
+                assert isinstance(raised.value, LockTimeout) == (kind == "sqlite")
+                conn.rollback()
+                assert call(f"snap{n}") == holder.id  # (run again: a new snapshot)
+                conn.commit()
+        assert sorted(j.args for j in tapp.list_jobs()) == [[0, 0], [1, 1], [8, 8]]
     finally:
         conn.close()
 

@@ -213,6 +213,10 @@ class Dialect:
     _fn_depth: dict[int, int] = {}
     """Per caller's connection, how many effect functions run inside each other on it."""
 
+    def live_key_holders(self, c: Any, keys: Sequence[Any]) -> list[dict[str, Any]]:
+        """The live jobs holding ``keys`` (a keyed insert found them held), as rows."""
+        return self.dicts(c, "job_live_by_keys", {"keys": list(keys)})
+
     def caller_in_transaction(self, conn: Any) -> bool:
         """Whether the caller's connection has a transaction open now."""
         raise NotImplementedError

@@ -114,7 +114,7 @@ class Store:
                 r = rows[0]
                 return job_from_insert(job, int(r[0]), r[1], self.d.time(r[2]),  # type: ignore[arg-type]
                                        self.d.time(r[3]))  # type: ignore[arg-type]
-            held = self.d.dicts(c, "job_live_by_keys", {"keys": [job.key]})
+            held = self.d.live_key_holders(c, [job.key])
             if held:
                 return job_from_row(held[0], duplicate=True)
             # The key's holder finished between our insert and our look-up: insert again.
@@ -147,8 +147,7 @@ class Store:
             for i, new in zip(pending, got, strict=True):
                 ids[i] = new
             if missing:
-                held = self.d.dicts(c, "job_live_by_keys",
-                                    {"keys": [jobs[i].key for i in missing]})
+                held = self.d.live_key_holders(c, [jobs[i].key for i in missing])
                 live = {h["key"]: int(h["id"]) for h in held}
                 still = []
                 for i in missing:

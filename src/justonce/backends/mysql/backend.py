@@ -211,6 +211,22 @@ def _aware(value: Any) -> datetime | None:
     raise TypeError(f"not a time: {shown(value)}")
 
 
+@contextlib.contextmanager
+def _callers_errors() -> Iterator[None]:
+    """The server's errors on your connection, as justonce's: a deadlock (your whole
+    transaction was rolled back: run it again) and a lock wait past its timeout."""
+    try:
+        yield
+    except pymysql.err.OperationalError as exc:
+        if _code(exc) == DEADLOCK:
+            raise DatabaseUnavailable(
+                "MySQL chose your transaction as a deadlock victim and rolled it back whole: "
+                "run it again") from exc
+        if _code(exc) == LOCK_WAIT:
+            raise LockTimeout(f"MySQL: {exc.args[-1]}") from exc
+        raise
+
+
 def _code(exc: BaseException) -> int | None:
     if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
@@ -571,7 +587,8 @@ class MySQLDialect(Dialect):
             # Your connection in autocommit, outside a transaction: the operation's
             # statements still commit together (a bulk insert's rows, and the ids it hands
             # back in the order given before anyone may claim them).
-            return self._atomic(c, fn) if atomic else fn(c)
+            with _callers_errors():
+                return self._atomic(c, fn) if atomic else fn(c)
         if atomic:
             return self._own_tx(fn)
         with self._connection() as c:
@@ -612,6 +629,16 @@ class MySQLDialect(Dialect):
     def plain(self, c: pymysql.Connection, text: str) -> None:
         with c.cursor() as cur:
             cur.execute(text)
+
+    def live_key_holders(self, c: pymysql.Connection, keys: Sequence[Any]) -> list[dict[str, Any]]:
+        found = self._run(c, "job_live_by_keys", {"keys": list(keys)}, dicts=True)
+        missing = sorted(set(keys) - {r["key"] for r in found})
+        if not missing or id(c) in self._own:  # (ours read committed rows: READ COMMITTED)
+            return found
+        # A caller's transaction may read a snapshot (REPEATABLE READ, the server's default)
+        # older than the holder whose key refused the insert: a locking read sees it. (Or
+        # the holder finished meanwhile: the insert is tried again.)
+        return found + self._run(c, "job_live_by_keys_locked", {"keys": missing}, dicts=True)
 
     def caller_in_transaction(self, conn: pymysql.Connection) -> bool:
         return self._in_transaction(conn)
@@ -676,25 +703,16 @@ class MySQLDialect(Dialect):
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, or use another connection"
             )
         own = not self._in_transaction(c)
-        try:
-            with c.cursor() as cur:
-                cur.execute("BEGIN" if own else "SAVEPOINT justonce")
-                try:
-                    result = fn(c)
-                except BaseException as exc:
-                    if _code(exc) == DEADLOCK:
-                        raise  # InnoDB rolled back the caller's whole transaction already
-                    cur.execute("ROLLBACK" if own else "ROLLBACK TO SAVEPOINT justonce")
-                    raise
-                cur.execute("COMMIT" if own else "RELEASE SAVEPOINT justonce")
-        except pymysql.err.OperationalError as exc:
-            if _code(exc) == DEADLOCK:
-                raise DatabaseUnavailable(
-                    "MySQL chose your transaction as a deadlock victim and rolled it back "
-                    "whole: run it again") from exc
-            if _code(exc) == LOCK_WAIT:
-                raise LockTimeout(f"MySQL: {exc.args[-1]}") from exc
-            raise
+        with _callers_errors(), c.cursor() as cur:
+            cur.execute("BEGIN" if own else "SAVEPOINT justonce")
+            try:
+                result = fn(c)
+            except BaseException as exc:
+                if _code(exc) == DEADLOCK:
+                    raise  # InnoDB rolled back the caller's whole transaction already
+                cur.execute("ROLLBACK" if own else "ROLLBACK TO SAVEPOINT justonce")
+                raise
+            cur.execute("COMMIT" if own else "RELEASE SAVEPOINT justonce")
         return result
 
     def locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:

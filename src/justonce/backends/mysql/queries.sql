@@ -122,6 +122,16 @@ SELECT j.*
   FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
   STRAIGHT_JOIN justonce_jobs j FORCE INDEX (justonce_jobs_live_key) ON j.live_key = d.k;
 
+-- name: job_live_by_keys_locked
+-- dialect-only: MySQLDialect.live_key_holders, for keys a caller's snapshot did not show
+-- A locking read reads the latest committed rows, whatever the transaction's snapshot:
+-- under REPEATABLE READ a key's holder committed after the caller's snapshot began fails
+-- the insert (the unique check sees it) but is not in a plain read.
+SELECT j.*
+  FROM JSON_TABLE(%(keys)s, '$[*]' COLUMNS (k VARCHAR(512) PATH '$')) AS d
+  STRAIGHT_JOIN justonce_jobs j FORCE INDEX (justonce_jobs_live_key) ON j.live_key = d.k
+  LOCK IN SHARE MODE;
+
 -- name: job_get
 SELECT * FROM justonce_jobs WHERE id = %(id)s;
 

@@ -473,7 +473,7 @@ class PostgresDialect(Dialect):
     def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
         if conn is not None:
             c = self._caller_connection(conn)
-            with self._caller_schema():
+            with self._callers_errors():
                 return fn(c)
         with self._connection() as c:
             if not atomic or self._local_schema is not None:  # (there, c is in one already)
@@ -517,12 +517,20 @@ class PostgresDialect(Dialect):
         return conn
 
     @contextmanager
-    def _caller_schema(self) -> Iterator[None]:
-        """justonce's statements name its tables unqualified: on your connection, with
-        ``?schema=``, they resolve through your search_path. One that cannot see them gets
-        this error, not the server's "relation does not exist"."""
+    def _callers_errors(self) -> Iterator[None]:
+        """The server's errors on your connection, as justonce's. justonce's statements
+        name its tables unqualified: on your connection, with ``?schema=``, they resolve
+        through your search_path; one that cannot see them gets InvalidOption, not the
+        server's "relation does not exist". A deadlock, or (REPEATABLE READ, SERIALIZABLE) a
+        transaction that cannot be serialized with a concurrent one (a keyed insert whose
+        key another transaction committed after your snapshot began), is a
+        DatabaseUnavailable: the whole transaction must be run again."""
         try:
             yield
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+            raise DatabaseUnavailable(
+                f"PostgreSQL: {str(exc).splitlines()[0]} ({exc.sqlstate}): roll your transaction "
+                "back and run it again from its start") from exc
         except psycopg.errors.UndefinedTable as exc:
             if self.schema is None:
                 raise
@@ -545,13 +553,13 @@ class PostgresDialect(Dialect):
                 f"{level[0] if level else 'unknown'}: use another connection for them"
             )
         if c.autocommit:  # a transaction of its own (a savepoint inside a transaction block)
-            with self._caller_schema(), c.transaction():
+            with self._callers_errors(), c.transaction():
                 return fn(c)
         # Inside the caller's transaction (psycopg opens it before the SAVEPOINT if none is
         # open), under a savepoint so that a refused call leaves the caller's writes alone.
         c.execute("SAVEPOINT justonce")
         try:
-            with self._caller_schema():
+            with self._callers_errors():
                 result = fn(c)
         except BaseException:
             c.execute("ROLLBACK TO SAVEPOINT justonce")

@@ -300,8 +300,24 @@ class SQLiteDialect(Dialect):
     # -- the dialect's primitives (dialect.py) ------------------------------------------
     def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
         if conn is not None:
-            return fn(self._caller_connection(conn))
+            c = self._caller_connection(conn)
+            try:
+                return fn(c)
+            except sqlite3.OperationalError as exc:
+                raise self._callers_error(exc) from exc
         return self._write(fn)  # every write takes the file's write lock up front
+
+    def _callers_error(self, exc: sqlite3.OperationalError) -> DatabaseUnavailable:
+        """SQLite's error on your connection, as justonce's."""
+        if _is_busy(exc):
+            # A read transaction of the caller's that another writer overtook cannot
+            # become a write transaction (at once, whatever the busy timeout): the caller
+            # must roll back and try again. Or the write lock stayed taken past the timeout.
+            return LockTimeout(f"SQLite: {exc} (your transaction read before another writer "
+                               "committed, or waited past its busy timeout: roll it back and run "
+                               "it again; start a write transaction with BEGIN IMMEDIATE before "
+                               "calling justonce on your connection)")
+        return DatabaseUnavailable(self._explain(exc))
 
     def database_mark(self, c: sqlite3.Connection) -> Any:
         files = [r[2] for r in self.rows(c, "database_mark", {}) if r[1] == "main"]
@@ -361,13 +377,8 @@ class SQLiteDialect(Dialect):
                     pass
             if own:
                 _rollback(c)
-            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
-                # A read transaction of the caller's that another writer overtook cannot
-                # become a write transaction: the caller must roll back and try again.
-                raise LockTimeout(f"SQLite: {exc} (start a write transaction with BEGIN IMMEDIATE "
-                                  "before calling justonce on your connection)") from exc
             if isinstance(exc, sqlite3.OperationalError):
-                raise DatabaseUnavailable(self._explain(exc)) from exc
+                raise self._callers_error(exc) from exc
             raise
         c.execute("RELEASE justonce")
         if own:
