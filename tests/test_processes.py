@@ -24,7 +24,10 @@ import pytest
 import proc_app
 from conftest import LONG
 from fleet import (
+    HEARTBEAT,
+    HOUSEKEEPING,
     LEASE,
+    POLL,
     Fleet,
     error_kinds,
     fleet_on,
@@ -353,6 +356,43 @@ def test_sigterm_mid_work_inflight_jobs_finish_in_grace_exit_0_prefetched_jobs_r
             assert (job.state, job.attempts, job.lease_owner) == ("ready", 0, None), job
     assert state_counts(app)["running"] == 0
     assert w.events("worker.stopped")
+
+
+def test_sighup_stops_a_worker_gracefully_and_nohup_keeps_it_running(
+    app: App, db_url: str, fleet: Fleet
+) -> None:
+    """The terminal that started a worker closes (SIGHUP): by default that killed it in the
+    middle of its job, left to its lease. It now stops as on SIGTERM: the running job
+    finishes within the grace, exit 0. Started under nohup (SIGHUP ignored), it goes on."""
+    w = fleet.start(concurrency=1, grace=8.0)
+    job = app.enqueue(proc_app.slow_record, args=(1, 1.5))
+    wait_for(lambda: len(ledger(db_url, "start")) == 1, 20, "the slow job to start")
+    w.signal(signal.SIGHUP)
+    assert w.wait(20) == 0, w.tail()
+    assert app.get_job(job.id).state == "succeeded" and len(ledger(db_url, "done")) == 1
+    assert w.events("worker.stopped")
+
+    log = fleet.folder / "nohup.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(["nohup", *fleet.command(concurrency=1, lease=LEASE, heartbeat=HEARTBEAT,
+                                                          grace=8.0, poll=POLL,
+                                                          housekeeping_interval=HOUSEKEEPING, extra=())],
+                                 cwd=fleet.folder, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 start_new_session=True,
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                     filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))})
+    try:
+        wait_for(lambda: b"worker.started" in log.read_bytes(), 30, "the nohup worker to start")
+        popen.send_signal(signal.SIGHUP)
+        second = app.enqueue(proc_app.slow_record, args=(2, 0.1))
+        wait_for(lambda: app.get_job(second.id).state == "succeeded", 20, "a job after the SIGHUP")
+        assert popen.poll() is None
+        popen.send_signal(signal.SIGTERM)
+        assert popen.wait(20) == 0
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()
 
 
 @pytest.mark.parametrize("how", ["grace_runs_out", "second_sigterm"])

@@ -159,7 +159,7 @@ def worker(app_path: str, database_url: str | None, queues: str | None, concurre
            no_listen: bool, housekeeping_interval: float, partitions: str | None,
            partition_slots: int, batch_retention: float, metrics_port: int | None,
            metrics_host: str, log_level: str, log_format: str) -> None:
-    """Run jobs until SIGTERM / SIGINT (a second signal stops at once)."""
+    """Run jobs until SIGTERM / SIGINT / SIGHUP (a second signal stops at once)."""
     from .worker import Worker
 
     logs.setup(log_level, json_lines=log_format == "json")

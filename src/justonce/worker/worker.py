@@ -328,7 +328,8 @@ class Worker:
 
     # -- threads -----------------------------------------------------------------------
     def _install_signals(self, saved: dict[int, Any], pipe: dict[str, Any]) -> None:
-        """SIGTERM / SIGINT: the first asks for a graceful stop, a second stops at once.
+        """SIGTERM / SIGINT (and SIGHUP, unless ignored or handled already): the first
+        asks for a graceful stop, a second stops at once.
         ``saved`` gets what was replaced (the wakeup fd first), step by step, so that
         run() puts back whatever was changed even if a signal interrupts this; ``pipe``
         gets the pipe's write end (``write``), and ``ending`` once run() is ending.
@@ -346,7 +347,13 @@ class Worker:
             return
         r, w = os.pipe()
         os.set_blocking(w, False)
-        stops = {int(signal.SIGTERM), int(signal.SIGINT)}
+        # SIGHUP (the terminal that started the worker closed) stops it gracefully too,
+        # where nobody handles it: by default it killed the worker mid-job, every job it
+        # held left to its lease. Under nohup (ignored) or a handler of the application's
+        # own it stays as it is.
+        hangup = signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        ours = (signal.SIGTERM, signal.SIGINT, *((signal.SIGHUP,) if hangup else ()))
+        stops = {int(s) for s in ours}
         # The wakeup fd first, then the handlers: a signal between the two would reach the
         # old fd and a handler that does nothing, and be lost.
         saved[_WAKEUP] = theirs = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
@@ -371,7 +378,7 @@ class Worker:
 
         threading.Thread(target=relay, name="justonce-signals", daemon=True).start()
         _FORK_STATE.update(saved=saved, write=w)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in ours:
             saved[sig] = signal.signal(sig, _noted)  # (the byte is the wakeup fd's)
 
     def _on_signals(self, count: int) -> None:
