@@ -332,3 +332,45 @@ def test_plain_int_reads_only_numbers_as_they_are_written() -> None:
     for text in ("015", "+15", "-1", " 15", "15 ", "1_5", "\u0661\u0665", "1.0", "0x1", "", str(2**63),
                  "9" * 30, "15\n", None, 15, b"15"):
         assert plain_int(text) is None and plain_int(text, zero=True) is None, repr(text)
+
+
+def test_enum_and_other_subclass_values_go_by_their_value_on_every_backend(vapp: App) -> None:
+    """An int-valued Enum (``class P(int, Enum)``) passed validation as an int; PyMySQL then
+    wrote it with str(), 'P.HIGH' (MySQL refused it with an error of the driver's, not
+    justonce's), and a key took 'P.HIGH' on every backend. A str Enum named a queue or a
+    scope by its name on MySQL, by its value elsewhere. A float whose __float__ says nan
+    passed the delay check (then the driver refused it). Each goes by its value now."""
+    import enum
+
+    class P(int, enum.Enum):
+        HIGH = -10
+        THREE = 3
+
+    class Q(str, enum.Enum):  # noqa: UP042 - the old idiom, whose str() is its name
+        MAIL = "mail"
+
+    class Sneaky(float):
+        def __float__(self) -> float:
+            return math.nan
+
+    job = vapp.enqueue("t", priority=P.HIGH, max_attempts=P.THREE, key=P.HIGH, queue=Q.MAIL,
+                       partition_key=P.THREE)
+    stored = vapp.get_job(job.id)
+    assert (stored.priority, stored.max_attempts, stored.key, stored.queue) == (-10, 3, "-10", "mail")
+    assert type(job.priority) is int and job.key == "-10"
+    assert vapp.enqueue("t", key=-10).duplicate  # (the same key)
+    assert [c.queue for c in vapp.queue_counts()] == ["mail"]
+    assert vapp.effects.run(Q.MAIL, P.HIGH, lambda idem: idem).result == "mail:-10"
+    assert [e.key for e in vapp.effects.list("mail")] == ["-10"]
+    batch = vapp.batches.open()
+    group = batch.add(P.THREE)
+    assert group.count == 3 and group.item_id(P.THREE - 1).endswith(":2")
+    assert vapp.partitions.try_acquire("s", P.THREE).slot in (0, 1, 2)
+    assert vapp.partitions.predicate("id", P.THREE, P.THREE - 1).endswith("= 2")
+    info = vapp.lists.create("enum-list", items=[1], max_attempts=P.THREE)
+    assert info.name == "enum-list"
+    later = vapp.enqueue("t", delay=Sneaky(5.0))
+    assert vapp.get_job(later.id).state == "scheduled"
+    for bad in (lambda: vapp.enqueue("t", delay=Sneaky(math.nan)),):
+        with pytest.raises(InvalidOption):
+            bad()

@@ -404,9 +404,8 @@ class App:
         chunk or not at all (the service writes its audit rows so); if it raises, the
         chunk is rolled back."""
         _action_states(action, self._checked(where))
-        for value, what in ((expected, "expected"), (tolerance, "tolerance")):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise InvalidOption(f"{what} must be an integer in [0, 2**63), not {validate.shown(value)}")
+        expected, tolerance = (validate.int64(v, what) for v, what in
+                               ((expected, "expected"), (tolerance, "tolerance")))
         chunk = validate.count(chunk, "chunk", 10_000)
         if on_chunk is not None and not callable(on_chunk):
             raise InvalidOption(f"on_chunk must be callable, not {validate.shown(on_chunk)}")

@@ -565,7 +565,7 @@ def _many_keys(keys: Any) -> builtins.list[str]:
 def _policy(value: Any) -> str:
     if not isinstance(value, str) or value not in POLICIES:
         raise InvalidOption(f"policy must be one of {POLICIES}, not {validate.shown(value)}")
-    return value
+    return str.__str__(value)
 
 
 def _owner() -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidItemId, InvalidOption
-from .validate import shown
+from .validate import exact_int, shown
 
 CHUNK_BITS = 2048
 """Items per stored chunk (256 bytes of bits): small enough that 4 ackers of a 20,000-item
@@ -64,9 +64,10 @@ class ItemGroup:
     count: int
 
     def item_id(self, index: int) -> str:
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.count:
+        number = exact_int(index)
+        if number is None or not 0 <= number < self.count:
             raise InvalidOption(f"index must be in [0, {self.count}), not {shown(index)}")
-        return f"{self.batch_id}:{self.group_id}:{index}"
+        return f"{self.batch_id}:{self.group_id}:{number}"
 
     def item_ids(self) -> list[str]:
         prefix = f"{self.batch_id}:{self.group_id}:"

@@ -94,7 +94,7 @@ def list_name(value: Any) -> str:
     if not isinstance(value, str) or not LIST_NAME.match(value):
         raise InvalidName(f"a list name is 1-63 letters, digits, '_', '.', ':' or '-' "
                           f"starting with a letter or digit, not {validate.shown(value)}")
-    return value
+    return str.__str__(value)
 
 
 def parse_token(token: Any) -> tuple[int, str]:
@@ -488,9 +488,10 @@ def _positions(positions: Iterable[int] | None) -> Sequence[int] | None:
         raise InvalidOption("positions must be an iterable of integers")
     out = []
     for p in itertools.islice(positions, MAX_RESERVE + 1):
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < 2**63:
+        position = validate.exact_int(p)
+        if position is None or not 0 <= position < 2**63:
             raise InvalidOption(f"a position is an integer in [0, 2**63), not {validate.shown(p)}")
-        out.append(p)
+        out.append(position)
     if len(out) > MAX_RESERVE:
         raise InvalidOption(f"at most {MAX_RESERVE} positions per call")
     return out
@@ -502,13 +503,13 @@ def _ranges(ranges: Any) -> tuple[tuple[int, int], ...]:
     out: list[tuple[int, int]] = []
     total = 0
     for r in ranges if isinstance(ranges, (tuple, list)) else [ranges]:
-        if not (isinstance(r, (tuple, list)) and len(r) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-                and 0 <= r[0] <= r[1] < 2**63):
+        lo, hi = ([validate.exact_int(x) for x in r] if isinstance(r, (tuple, list)) and len(r) == 2
+                  else (None, None))
+        if lo is None or hi is None or not 0 <= lo <= hi < 2**63:
             raise InvalidOption(f"a reservation's ranges are [lo, hi) pairs of positions, "
                                 f"not {validate.shown(r)}")
-        total += r[1] - r[0]
+        total += hi - lo
         if total > MAX_RESERVE:
             raise InvalidOption(f"a reservation holds at most {MAX_RESERVE} positions")
-        out.append((r[0], r[1]))
+        out.append((lo, hi))
     return tuple(out)

@@ -222,9 +222,10 @@ class WorkerMetrics:
 
 
 def port_number(port: Any) -> int:
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+    number = validate.exact_int(port)
+    if number is None or not 1 <= number <= 65535:
         raise InvalidOption(f"the metrics port must be an integer in [1, 65535], not {validate.shown(port)}")
-    return port
+    return number
 
 
 def serve_worker_metrics(worker: Worker, port: int, host: str = "127.0.0.1") -> tuple[WSGIServer,

@@ -60,10 +60,10 @@ def partition_hash(key: Any) -> int:
     key's UTF-8 bytes, the CRC-32 of bytes."""
     if isinstance(key, bool):
         raise InvalidOption("a partition key is an int, a str or bytes, not a bool")
-    if isinstance(key, int):
-        if not -INT64 <= key < INT64:
-            raise InvalidOption(f"an integer partition key must fit in 64 bits, not {key}")
-        return key
+    if (number := validate.exact_int(key)) is not None:  # (an IntEnum by its value)
+        if not -INT64 <= number < INT64:
+            raise InvalidOption(f"an integer partition key must fit in 64 bits, not {number}")
+        return number
     if isinstance(key, str):
         try:
             return zlib.crc32(key.encode())
@@ -81,10 +81,19 @@ def partition_of(key: Any, n: int) -> int:
 
 def slots(n: Any) -> int:
     """Validate a number of slots."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SLOTS:
+    number = validate.exact_int(n)
+    if number is None or not 1 <= number <= MAX_SLOTS:
         raise InvalidOption(
             f"n (the number of slots) must be an integer in [1, {MAX_SLOTS}], not {validate.shown(n)}")
-    return n
+    return number
+
+
+def _slot(slot: Any, n: int) -> int:
+    """Validate a slot of ``n`` (a plain int: it is written into SQL text)."""
+    number = validate.exact_int(slot)
+    if number is None or not 0 <= number < n:
+        raise InvalidOption(f"slot must be an integer in [0, {n}), not {validate.shown(slot)}")
+    return number
 
 
 def slot_expression(column: str, n: int, *, key_type: str = "int", dialect: str = "postgres",
@@ -118,9 +127,7 @@ def slot_predicate(column: str, n: int, slot: int, *, key_type: str = "int",
     """A WHERE condition that selects exactly the rows whose key :func:`partition_of`
     assigns to ``slot``: ``MOD(col, n) = slot`` for integer keys (normalised for negative
     ones), the CRC-32 rule for text keys (see :func:`slot_expression`)."""
-    n = slots(n)
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
-        raise InvalidOption(f"slot must be an integer in [0, {n}), not {validate.shown(slot)}")
+    n, slot = slots(n), _slot(slot, n)
     return f"{slot_expression(column, n, key_type=key_type, dialect=dialect, schema=schema)} = {slot}"
 
 
@@ -161,8 +168,7 @@ class PartitionLease:
         # Built by acquire; checked all the same, as its fields go to SQL when it renews,
         # releases or fences.
         n = slots(n)
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
-            raise InvalidOption(f"slot must be an integer in [0, {n}), not {validate.shown(slot)}")
+        slot = _slot(slot, n)
         set_name, token = validate.set_name(set_name), validate.int64(token, "token")
         lease = validate.bounded(lease, "lease", 0.1, 86400)
         self._partitions = partitions

@@ -72,6 +72,22 @@ def plain_int(text: Any, *, zero: bool = False) -> int | None:
     return n if n < 2**63 and (zero or n > 0) else None
 
 
+def exact_int(value: Any) -> int | None:
+    """``value`` as a plain ``int`` when it is an integer (not a bool), else None. A subclass
+    (an IntEnum, an ``int`` with its own ``__str__``) is read by its value: drivers may
+    format a subclass with its own ``__str__`` (PyMySQL wrote ``'P.HIGH'``, which MySQL
+    refused with an error of the driver's), and a key took that text for its value."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return int.__index__(value)
+
+
+def exact_str(value: Any) -> str | None:
+    """``value`` as a plain ``str`` when it is one (a subclass by its characters, not by its
+    ``__str__``), else None."""
+    return str.__str__(value) if isinstance(value, str) else None
+
+
 def queue_name(value: Any) -> str:
     return _name(value, QUEUE_NAME, "queue name")
 
@@ -86,7 +102,7 @@ def _name(value: Any, pattern: re.Pattern[str], what: str) -> str:
             f"bad {what} {shown(value)}: 1-63 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or digit"
         )
-    return value
+    return str.__str__(value)  # (a str Enum by its value: f-strings and drivers use its name)
 
 
 def sql_identifier(value: Any) -> str:
@@ -95,7 +111,7 @@ def sql_identifier(value: Any) -> str:
     if not isinstance(value, str) or not SQL_IDENTIFIER.match(value):
         raise InvalidName(
             f"bad SQL identifier {shown(value)}: letters, digits and '_' (optionally table.column)")
-    return value
+    return str.__str__(value)
 
 
 def task_name(value: Any) -> str:
@@ -104,7 +120,7 @@ def task_name(value: Any) -> str:
             f"bad task name {shown(value)}: 1-200 characters of letters, digits, '_', '.', ':' "
             "or '-', starting with a letter or '_'"
         )
-    return value
+    return str.__str__(value)
 
 
 def owner(value: Any) -> str:
@@ -124,12 +140,14 @@ def flag(value: Any, what: str) -> bool:
 def optional_key(value: Any, what: str = "key") -> str | None:
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool):
+    if (number := exact_int(value)) is not None:
+        value = number
         # (Measured before str(): past 4,300 digits str() raises a ValueError of its own.)
         if not _KEY_INTS[0] < value < _KEY_INTS[1]:
             raise InvalidName(f"bad {what}: an integer longer than {MAX_KEY_CHARS} characters "
                               f"(a key is at most {MAX_KEY_CHARS})")
         value = str(value)
+    value = exact_str(value) if isinstance(value, str) else value
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
         raise InvalidName(f"bad {what} {shown(value)}: a non-empty string of at most {MAX_KEY_CHARS} "
                           "characters")
@@ -336,13 +354,15 @@ def result_json(value: Any) -> tuple[str | None, str | None]:
 def _number(value: Any, what: str) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and math.isnan(value)):
-        raise InvalidOption(f"{what} must be a number of seconds, not {shown(value)}")
-    try:
-        return float(value)
-    except OverflowError:  # an int past a float's range: too many seconds for any bound
-        return math.inf if value > 0 else -math.inf
+    # Read by value, not through the number's own __float__ (a subclass's may say nan).
+    if (number := exact_int(value)) is not None:
+        try:
+            return float(number)
+        except OverflowError:  # an int past a float's range: too many seconds for any bound
+            return math.inf if number > 0 else -math.inf
+    if isinstance(value, float) and not math.isnan(seconds := float.__float__(value)):
+        return seconds
+    raise InvalidOption(f"{what} must be a number of seconds, not {shown(value)}")
 
 
 def delay(value: Any) -> float:
@@ -405,17 +425,19 @@ def bounded(value: Any, what: str, lo: float, hi: float) -> float:
 
 
 def job_id(value: Any, what: str = "job id") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+    number = exact_int(value)
+    if number is None or not 0 < number < 2**63:
         raise InvalidOption(f"{what} must be a positive 64-bit integer, not {shown(value)}")
-    return value
+    return number
 
 
 def int64(value: Any, what: str, lo: int = 0) -> int:
     """An integer the databases can store as BIGINT, at least ``lo`` (a fencing token, a
     count): past 2**63 - 1 sqlite3 raises OverflowError and Postgres and MySQL refuse it."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < 2**63:
+    number = exact_int(value)
+    if number is None or not lo <= number < 2**63:
         raise InvalidOption(f"{what} must be an integer in [{lo}, 2**63), not {shown(value)}")
-    return value
+    return number
 
 
 def detail_json(value: Any, what: str = "detail") -> str:
@@ -451,9 +473,10 @@ def batch_id(value: Any) -> int:
 
 
 def count(value: Any, what: str, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+    number = exact_int(value)
+    if number is None or not 1 <= number <= hi:
         raise InvalidOption(f"{what} must be an integer in [1, {hi}], not {shown(value)}")
-    return value
+    return number
 
 
 def text(value: Any, what: str, limit: int) -> str:
@@ -464,7 +487,7 @@ def text(value: Any, what: str, limit: int) -> str:
         value.encode()
     except UnicodeEncodeError:
         raise InvalidOption(f"{what} contains a lone surrogate, which the database cannot store") from None
-    return value
+    return str.__str__(value)
 
 
 def timeout(value: Any) -> float:
@@ -475,13 +498,15 @@ def timeout(value: Any) -> float:
 
 
 def attempts(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+    number = exact_int(value)
+    if number is None or not 1 <= number <= MAX_ATTEMPTS:
         raise InvalidOption(f"max_attempts must be an integer in [1, {MAX_ATTEMPTS}], not {shown(value)}")
-    return value
+    return number
 
 
 def priority(value: Any) -> int:
     lo, hi = PRIORITY_RANGE
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+    number = exact_int(value)
+    if number is None or not lo <= number <= hi:
         raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {shown(value)}")
-    return value
+    return number

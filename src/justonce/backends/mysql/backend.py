@@ -183,6 +183,13 @@ def _param(value: Any) -> Any:
         return _naive(value)
     if isinstance(value, bool):
         return int(value)
+    # A subclass of str or int goes by its value: PyMySQL formats a type it has no encoder
+    # for with str(), which for an Enum member (a queue or scope from a str Enum, a
+    # priority from an int Enum) is its name, not its value (validation passes its value).
+    if type(value) is not str and isinstance(value, str):
+        return str.__str__(value)
+    if type(value) is not int and isinstance(value, int):
+        return int.__index__(value)
     return value
 
 
