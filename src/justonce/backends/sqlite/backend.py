@@ -9,6 +9,7 @@ retry covers SQLITE_BUSY beyond the busy timeout.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -86,6 +87,10 @@ def _decode(row: dict[str, Any]) -> dict[str, Any]:
     for col in ("run_at", "created_at", "started_at", "finished_at", "lease_expires_at"):
         row[col] = _ts(row.get(col))
     return row
+
+
+def _pragma(conn: sqlite3.Connection, text: str) -> list[Any]:
+    return conn.execute(text).fetchall()
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -169,12 +174,21 @@ class SQLiteDialect(Dialect):
                     self.path, timeout=SQLITE_BUSY_MS / 1000, isolation_level=None,
                     check_same_thread=False,
                 )
-                register_functions(conn)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(f"PRAGMA synchronous={self.synchronous}")
-                conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
             except sqlite3.Error as exc:
                 raise DatabaseUnavailable(f"cannot open SQLite database {shown(self.path)}: {exc}") from exc
+            try:
+                register_functions(conn)
+                # Through the fair retry loop, as every write: the journal mode takes a lock
+                # (another process making the file WAL, or checkpointing it), and with the
+                # connection's 5 ms busy timeout alone a process started beside seven others
+                # on a new file failed at once with "database is locked" (1 in ~300).
+                what = f"cannot open SQLite database {shown(self.path)}"
+                for pragma in ("PRAGMA journal_mode=WAL", f"PRAGMA synchronous={self.synchronous}",
+                               f"PRAGMA busy_timeout={SQLITE_BUSY_MS}"):
+                    self._busy_retry(functools.partial(_pragma, conn, pragma), what)
+            except BaseException:
+                conn.close()
+                raise
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
             with self._lock:
