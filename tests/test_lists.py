@@ -576,17 +576,63 @@ def test_housekeeping_forgets_finished_reservations_kept_for_their_request_ids(l
     assert lapp.lists.prune(0) == 0
 
 
-def test_a_bad_item_deep_in_a_load_keeps_the_chunks_before_it_and_says_so(lapp: App) -> None:
+def test_a_bad_item_deep_in_a_streamed_load_keeps_the_chunks_before_it_and_says_so(lapp: App) -> None:
     from justonce.lists import LOAD_CHUNK
 
     items = [*range(LOAD_CHUNK + 3), object(), 1]
     with pytest.raises(InvalidArguments) as err:
-        lapp.lists.create("partial", items=items)
+        lapp.lists.create("partial", items=iter(items))
     assert any("not sealed" in note for note in getattr(err.value, "__notes__", []))
     info = lapp.lists.get("partial")
     assert (info.state, info.progress.total) == ("loading", LOAD_CHUNK)
     lapp.lists.append("partial", [1, 2])
     assert lapp.lists.seal("partial").progress.total == LOAD_CHUNK + 2
+
+
+def test_a_bad_item_anywhere_in_a_list_of_items_leaves_no_list_behind(lapp: App) -> None:
+    """Items given as a list are all there: every one is checked before anything is
+    written. A bad one after the first 10,000 left a list half loaded (loading), and the
+    corrected call then failed with ListExists."""
+    from justonce.lists import LOAD_CHUNK
+
+    items: list[Any] = [*range(3 * LOAD_CHUNK), object()]
+    with pytest.raises(InvalidArguments):
+        lapp.lists.create("whole", items=items)
+    with pytest.raises(ListNotFound):
+        lapp.lists.get("whole")
+    items[-1] = 1
+    info = lapp.lists.create("whole", items=tuple(items))
+    assert (info.state, info.progress.total) == ("sealed", 3 * LOAD_CHUNK + 1)
+    res = lapp.lists.reserve("whole", 2)
+    assert res is not None and [v for _, v in lapp.lists.items(res)] == [0, 1]
+
+
+def test_a_load_goes_on_only_into_the_list_it_began_with(lapp: App) -> None:
+    """A load appends chunk by chunk by name: a list dropped and made again under the name
+    during the load got the rest of the load (290,000 of 300,000 items in the new list,
+    sealed by the first loader). The rest is refused now (ListNotFound), and the new list
+    is left as its maker made it; append and seal take the list's id for loads of several
+    calls."""
+    from justonce.lists import LOAD_CHUNK
+
+    def stream() -> Any:
+        yield from range(LOAD_CHUNK + 5)  # (the list is made with the first chunk)
+        lapp.lists.drop("aba")
+        lapp.lists.create("aba", items=["B's"], seal=False)
+        yield from range(LOAD_CHUNK + 5, 2 * LOAD_CHUNK + 5)
+
+    with pytest.raises(ListNotFound, match="dropped during this load"):
+        lapp.lists.create("aba", items=stream())
+    info = lapp.lists.get("aba")
+    assert (info.state, info.progress.total) == ("loading", 1)
+    with pytest.raises(ListNotFound, match="dropped"):
+        lapp.lists.append("aba", [1], list_id=info.id + 1)
+    with pytest.raises(ListNotFound, match="dropped"):
+        lapp.lists.seal("aba", list_id=info.id + 1)
+    assert lapp.lists.append("aba", [2, 3], list_id=info.id) == 2
+    assert lapp.lists.seal("aba", list_id=info.id).progress.total == 3
+    with pytest.raises(InvalidOption):
+        lapp.lists.append("aba", [4], list_id=0)
 
 
 @pytest.mark.parametrize("bad", [object(), "a\ud800b", "a\x00b", float("nan"), "x" * 300_000],

@@ -120,8 +120,11 @@ class _Loader:
     its line (checking each item twice would cost a third of a load's time)."""
 
     def __init__(self, app: App, name: str, label: str,
-                 create: Callable[[list[Any]], Any] | None = None) -> None:
+                 create: Callable[[list[Any]], Any] | None = None, list_id: int | None = None) -> None:
         self.app, self.name, self.label = app, name, label
+        self.list_id = list_id
+        """The list this load fills (its first chunk's): a list dropped and made again under
+        the name meanwhile is another, and refuses the rest."""
         self.create = create
         """Creates the list with its first items (one transaction), until it has."""
         self.created = create is not None
@@ -131,8 +134,8 @@ class _Loader:
 
     def _store(self, items: list[Any]) -> int:
         if self.create is None:
-            return self.app.lists.append(self.name, items)
-        self.create(items)
+            return self.app.lists.append(self.name, items, list_id=self.list_id)
+        self.list_id = self.create(items).id
         self.create = None
         return len(items)
 
@@ -178,15 +181,17 @@ class _Loader:
 
 
 def _load(app: App, name: str, source: IO[bytes],
-          create: Callable[[list[Any]], Any] | None = None) -> int:
+          create: Callable[[list[Any]], ListInfo] | None = None,
+          list_id: int | None = None) -> tuple[int, int | None]:
     """Append the JSON lines of ``source`` to list ``name`` in transactions of LOAD_CHUNK,
     with a progress bar of the bytes read. A bad line appends the items before it, then
     stops with its number (the list stays unsealed). ``create``: the list is made for this
     load, in the transaction of its first chunk (so a load that stops before it leaves no
-    list, and nobody sees the list empty)."""
+    list, and nobody sees the list empty). ``list_id``: the list to append to (each chunk
+    goes to it or to nothing). Returns how many, and the list's id."""
     label = getattr(source, "name", "-")
-    loader = _Loader(app, name, "stdin" if label in ("-", "<stdin>") else str(label), create)
-    return _read(loader, source)
+    loader = _Loader(app, name, "stdin" if label in ("-", "<stdin>") else str(label), create, list_id)
+    return _read(loader, source), loader.list_id
 
 
 def _read(loader: _Loader, source: IO[bytes]) -> int:
@@ -214,8 +219,9 @@ def _read(loader: _Loader, source: IO[bytes]) -> int:
     return loader.appended
 
 
-def _loaded(app: App, name: str, n: int, seal: bool) -> None:
-    info = app.lists.seal(name) if seal else app.lists.get(name)
+def _loaded(app: App, name: str, loaded: tuple[int, int | None], seal: bool) -> None:
+    n, list_id = loaded
+    info = app.lists.seal(name, list_id=list_id) if seal else app.lists.get(name)
     how = "sealed" if seal else "not sealed: append more, then `justonce lists seal`"
     out.print(f"list {name}: {n:,} items appended, {info.progress.total:,} in all, {how}",
               highlight=False, soft_wrap=True)
@@ -244,9 +250,9 @@ def lists_create(name: str, source: IO[bytes], task: str | None, ttr: float, max
     """Create list NAME from a JSON-lines file, with a progress bar, and seal it."""
     app = load_app(app_path, database_url, strict=app_path is not None)
 
-    def create(items: list[Any]) -> None:
-        app.lists.create(name, task=task, items=items, seal=False, ttr=ttr,
-                         max_attempts=max_attempts, on_complete=on_complete)
+    def create(items: list[Any]) -> ListInfo:
+        return app.lists.create(name, task=task, items=items, seal=False, ttr=ttr,
+                                max_attempts=max_attempts, on_complete=on_complete)
 
     # A taken name is refused before the file is read; the list itself is made with its
     # first chunk (see _load), which checks the name again.
@@ -267,8 +273,8 @@ def lists_create(name: str, source: IO[bytes], task: str | None, ttr: float, max
 def lists_append(name: str, source: IO[bytes], no_seal: bool, database_url: str | None) -> None:
     """Append a JSON-lines file to a list that is still loading, then seal it."""
     app = App(database_url, strict=False)
-    app.lists.get(name)  # an unknown name says so before the file is read
-    _loaded(app, name, _load(app, name, source), not no_seal)
+    list_id = app.lists.get(name).id  # (an unknown name says so before the file is read)
+    _loaded(app, name, _load(app, name, source, list_id=list_id), not no_seal)
 
 
 @lists.command("seal")

@@ -168,43 +168,63 @@ class Lists:
             callbacks["complete"] = self.app.batches._callback("complete", on_complete)
         if not isinstance(seal, bool):
             raise InvalidOption("seal must be True or False")
-        stream = iter(()) if items is None else iter(_iterable(items))
-        # The first chunk is checked before the list exists, and the list is created with
-        # it (and sealed, when it is all) in one transaction: a bad item in it leaves
-        # nothing behind, and nobody can seal the list before its first items are in.
-        # (A chunk further on keeps the chunks before it: see append.)
-        first = [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
-        more = next(stream, _END)
-        sealed = f"list:{name}" if seal and more is _END else None
-        self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks, first, sealed,
-                                      conn)
-        if more is not _END:
-            self._load(name, [], itertools.chain([more], stream), conn, kept=len(first))
+        given = () if items is None else _iterable(items)
+        checked: Iterator[builtins.list[str]] = iter(())  # (chunks after the first, checked)
+        rest: Iterator[Any] | None = None  # (items after those, unchecked)
+        if isinstance(given, (builtins.list, tuple)) and len(given) > LOAD_CHUNK:
+            # All here already: every item is checked before anything is written (a bad one
+            # far down left a list half loaded, which a corrected call then found taken).
+            checked = _chunks([item_json(x) for x in given], LOAD_CHUNK)
+            first, more = next(checked), True
+        else:
+            # The first chunk is checked before the list exists, and the list is created
+            # with it (and sealed, when it is all) in one transaction: a bad item in it
+            # leaves nothing behind, and nobody can seal the list before its first items
+            # are in. (A chunk of a stream further on keeps the chunks before it: see append.)
+            stream = iter(given)
+            first = [item_json(x) for x in itertools.islice(stream, LOAD_CHUNK)]
+            after = next(stream, _END)
+            more = after is not _END
+            rest = itertools.chain([after], stream) if more else None
+        sealed = f"list:{name}" if seal and not more else None
+        list_id = self.app.backend.lists.create(name, task_name, ttr, attempts, callbacks, first,
+                                                sealed, conn)
+        if more:
+            self._load(name, checked, rest, conn, kept=len(first), list_id=list_id)
             if seal:
-                return self.seal(name, conn=conn)
+                return self.seal(name, conn=conn, list_id=list_id)
         return self._get(name, conn)
 
-    def append(self, name: str, items: Iterable[Any], *, conn: Any = None) -> int:
+    def append(self, name: str, items: Iterable[Any], *, conn: Any = None,
+               list_id: int | None = None) -> int:
         """Append items to a list that is still loading, in transactions of ``LOAD_CHUNK``
-        (each item checked before its transaction starts); how many were appended."""
+        (each item checked before its transaction starts); how many were appended.
+
+        Every chunk goes to the list the name meant when the call began (a list dropped and
+        made again under the name meanwhile refuses the rest: ListNotFound); ``list_id``
+        (``ListInfo.id``): to that list only, for a load made of several calls."""
         name = list_name(name)
-        n = self._load(name, [], iter(_iterable(items)), conn)
+        if list_id is not None:
+            list_id = validate.int64(list_id, "list_id", 1)
+        n = self._load(name, (), iter(_iterable(items)), conn, list_id=list_id)
         if n == 0:
             self._get(name, conn)  # an unknown name still says so
         return n
 
-    def _load(self, name: str, first: builtins.list[str], rest: Iterator[Any] | None,
-              conn: Any = None, kept: int = 0) -> int:
-        """Append ``first`` (items already checked), then the rest of the stream in
-        chunks of LOAD_CHUNK, each checked before its transaction; how many. ``kept``:
-        items the list has already from this load (for the note of an error)."""
+    def _load(self, name: str, checked: Iterable[builtins.list[str]], rest: Iterator[Any] | None,
+              conn: Any = None, kept: int = 0, list_id: int | None = None) -> int:
+        """Append the ``checked`` chunks (items already checked), then the rest of the
+        stream in chunks of LOAD_CHUNK, each checked before its transaction, to list
+        ``list_id`` of that name (None: the list the first chunk finds); how many.
+        ``kept``: items the list has already from this load (for the note of an error)."""
         backend = self.app.backend.lists
         n = 0
-        chunks = itertools.chain([first] if first else [], () if rest is None else (
+        chunks = itertools.chain(checked, () if rest is None else (
             [item_json(x) for x in chunk] for chunk in _chunks(rest, LOAD_CHUNK)))
         try:
             for texts in chunks:
-                backend.append(name, texts, MAX_ITEMS, conn)
+                # (the first chunk's list is the one the rest go to)
+                list_id = backend.append(name, texts, MAX_ITEMS, conn, list_id)[2]
                 n += len(texts)
                 failpoints.hit("list.after_append_chunk")
         except Exception as exc:
@@ -214,11 +234,15 @@ class Lists:
             raise
         return n
 
-    def seal(self, name: str, *, conn: Any = None) -> ListInfo:
+    def seal(self, name: str, *, conn: Any = None, list_id: int | None = None) -> ListInfo:
         """Seal a list: its items become immutable and its positions can be reserved. An
-        empty list completes at once. Sealing a sealed list changes nothing."""
+        empty list completes at once. Sealing a sealed list changes nothing. ``list_id``
+        (``ListInfo.id``): only if the name still means that list (ListNotFound if it was
+        dropped and made again)."""
         name = list_name(name)
-        self.app.backend.lists.seal(name, f"list:{name}", conn)
+        if list_id is not None:
+            list_id = validate.int64(list_id, "list_id", 1)
+        self.app.backend.lists.seal(name, f"list:{name}", conn, list_id)
         return self._get(name, conn)
 
     def drop(self, name: str) -> bool:

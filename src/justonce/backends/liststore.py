@@ -170,11 +170,11 @@ class ListOps:
             raise
 
     def append(self, name: str, items: Sequence[str], max_total: int,
-               conn: Any = None) -> tuple[int, int]:
+               conn: Any = None, list_id: int | None = None) -> tuple[int, int, int]:
         """Append items (JSON texts) at the end, in one transaction; (first position, new
-        total)."""
-        def run(c: Any) -> tuple[int, int]:
-            lst = self._lock(c, name)
+        total, the list's id). ``list_id``: only to that list (see _lock)."""
+        def run(c: Any) -> tuple[int, int, int]:
+            lst = self._lock(c, name, list_id)
             if lst.state != "loading":
                 raise ListSealed(f"list {name!r} is sealed: its items cannot change")
             start = lst.total
@@ -183,7 +183,7 @@ class ListOps:
                                     f"{start}, {len(items)} more would pass that")
             self.insert_items(c, lst.id, start, items)
             self.d.many(c, "list_grow", [{"id": lst.id, "total": start + len(items)}])
-            return start, start + len(items)
+            return start, start + len(items), lst.id
 
         return self.d.tx(conn, run)
 
@@ -193,14 +193,14 @@ class ListOps:
             {"list_id": list_id, "position": start + i, "item": item} for i, item in enumerate(items)
         ])
 
-    def seal(self, name: str, description: str, conn: Any = None) -> bool:
+    def seal(self, name: str, description: str, conn: Any = None, list_id: int | None = None) -> bool:
         """Seal a loading list: its batch is opened, given one group of ``total`` items and
         sealed, in one transaction (an empty list completes here). False when it was sealed
-        already."""
-        return self.d.tx(conn, lambda c: self._seal(c, name, description))
+        already. ``list_id``: only that list (see _lock)."""
+        return self.d.tx(conn, lambda c: self._seal(c, name, description, list_id))
 
-    def _seal(self, c: Any, name: str, description: str) -> bool:
-        lst = self._lock(c, name)
+    def _seal(self, c: Any, name: str, description: str, list_id: int | None = None) -> bool:
+        lst = self._lock(c, name, list_id)
         if lst.state != "loading":
             return False
         callbacks = json.loads(self.d.rows(c, "list_callbacks", {"id": lst.id})[0][0])
@@ -435,11 +435,20 @@ class ListOps:
         return self.d.write_count("lists_prune_done", {"retention": retention, "limit": limit})
 
     # -- the algorithm's parts --------------------------------------------------------------------
-    def _lock(self, c: Any, name: str) -> ListRow:
+    def _lock(self, c: Any, name: str, list_id: int | None = None) -> ListRow:
+        """The list named ``name``, its row locked. ``list_id``: a load that made the list
+        (or began on it) goes on only while the name still means that list: one dropped and
+        made again under its name meanwhile is another list, and would get the rest of the
+        load (a load of 300,000 items filled a new list that its maker meant to load
+        itself, and sealed it)."""
         rows = self.d.rows(c, "list_lock", {"name": name})
         if not rows:
             raise ListNotFound(f"no list named {name!r}")
-        return _list_row(rows[0])
+        lst = _list_row(rows[0])
+        if list_id is not None and lst.id != list_id:
+            raise ListNotFound(f"list {name!r} was dropped during this load (a list of that name "
+                               "was made again since: it is another list, left as it is)")
+        return lst
 
     def _holder(self, c: Any, name: str, row_id: int, secret: str) -> tuple[Row, ListRow]:
         """The reservation ``row_id`` locked, if it is the caller's: active, its time to run
