@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,6 +144,23 @@ def test_lists_show_prints_a_burial_reason_as_it_is(app: App, db_url: str) -> No
     shown = run(db_url, "lists", "show", "l1")
     assert shown.rstrip().endswith(f"): {visible(LINE)}"), shown
     assert "l1" in run(db_url, "lists", "list")
+
+
+def test_an_error_message_quoting_user_input_has_its_controls_escaped(db_url: str, tmp_path: Path) -> None:
+    App(db_url).migrate()
+    # A file name is quoted as it is (click prints a message raw to a terminal).
+    items = tmp_path / "items\x1b[2J\u202e.jsonl"
+    items.write_text("1\nnot json\n")
+    bad_line = CliRunner().invoke(cli, ["lists", "create", "l1", "--from", str(items),
+                                        "--database-url", db_url], catch_exceptions=False)
+    assert bad_line.exit_code == 1, bad_line.output
+    assert f"Error: line 2 of {tmp_path}/items\\x1b[2J\\u202e.jsonl: not JSON" in bad_line.output
+    for args in (["jobs", "list", "--queue", HOSTILE], ["enqueue", "t", "--queue", HOSTILE],
+                 ["lists", "show", HOSTILE], ["effects", "resolve", HOSTILE, "k", "--done"]):
+        result = CliRunner().invoke(cli, [*args, "--database-url", db_url], catch_exceptions=False)
+        assert result.exit_code != 0, args
+        assert not any(c in result.output for c in RAW), (args, result.output)
+        assert "Error: " in result.output and "Traceback" not in result.output, (args, result.output)
 
 
 def test_a_token_name_that_reads_as_an_emoji_code_is_shown_as_it_is(db_url: str) -> None:

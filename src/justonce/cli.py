@@ -18,7 +18,7 @@ from rich.table import Table
 
 from . import logs
 from .app import App
-from .cli_output import out, print_lines
+from .cli_output import out, print_lines, visible
 from .errors import ConfigurationError, InvalidOption, JustonceError
 from .models import BatchInfo, Job
 from .types import BatchState, JobState
@@ -26,13 +26,37 @@ from .validate import plain_int, shown
 
 
 class Group(click.Group):
-    """Turns every JustonceError into a one-line message and exit status 1."""
+    """Turns every JustonceError into a one-line message and exit status 1. A message
+    quotes what it refused (a queue name, a key, an option's value): its control
+    characters are shown escaped, as everything the CLI prints is (see cli_output)."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            raise _escaped(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except JustonceError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+            raise _escaped(click.ClickException(f"{type(exc).__name__}: {exc}")) from None
+        except click.ClickException as exc:
+            raise _escaped(exc) from None
+
+
+def _escaped(exc: click.ClickException) -> click.ClickException:
+    """``exc``, or when its message has a control character, the same error with it
+    escaped (click prints a message raw to a terminal). Newlines stay: a usage error's
+    message may be the help text."""
+    message = exc.format_message()
+    shown_message = "\n".join(visible(line) for line in message.split("\n"))
+    if shown_message == message:
+        return exc
+    if isinstance(exc, click.UsageError):
+        return click.UsageError(shown_message, exc.ctx)
+    return click.ClickException(shown_message)  # (exit status 1, as every other ClickException)
 
 
 class PlainId(click.ParamType):
