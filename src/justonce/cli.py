@@ -18,22 +18,45 @@ from rich.table import Table
 
 from . import logs
 from .app import App
+from .cli_output import out, print_lines, visible
 from .errors import ConfigurationError, InvalidOption, JustonceError
 from .models import BatchInfo, Job
 from .types import BatchState, JobState
 from .validate import plain_int, shown
 
-out = Console()
-
 
 class Group(click.Group):
-    """Turns every JustonceError into a one-line message and exit status 1."""
+    """Turns every JustonceError into a one-line message and exit status 1. A message
+    quotes what it refused (a queue name, a key, an option's value): its control
+    characters are shown escaped, as everything the CLI prints is (see cli_output)."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            raise _escaped(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except JustonceError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+            raise _escaped(click.ClickException(f"{type(exc).__name__}: {exc}")) from None
+        except click.ClickException as exc:
+            raise _escaped(exc) from None
+
+
+def _escaped(exc: click.ClickException) -> click.ClickException:
+    """``exc``, or when its message has a control character, the same error with it
+    escaped (click prints a message raw to a terminal). Newlines stay: a usage error's
+    message may be the help text."""
+    message = exc.format_message()
+    shown_message = "\n".join(visible(line) for line in message.split("\n"))
+    if shown_message == message:
+        return exc
+    if isinstance(exc, click.UsageError):
+        return click.UsageError(shown_message, exc.ctx)
+    return click.ClickException(shown_message)  # (exit status 1, as every other ClickException)
 
 
 class PlainId(click.ParamType):
@@ -266,7 +289,7 @@ def show(table: Table, rows: Sequence[object], limit: int, empty: str) -> None:
         return
     out.print(table)
     if len(rows) >= limit:
-        out.print(f"[yellow]the first {limit:,} shown: there may be more (--limit raises it)[/yellow]")
+        out.print(f"the first {limit:,} shown: there may be more (--limit raises it)", style="yellow")
 
 
 def _print_job(job: Job) -> None:
@@ -281,14 +304,14 @@ def _print_job(job: Job) -> None:
     table.add_row("result", json.dumps(job.result))
     out.print(table)
     if job.errors:
-        out.print("[bold]history[/bold]")
+        out.print("history", style="bold")
         for e in job.errors:
             first = str(e.get("error", "")).strip().splitlines()
             out.print(f"  attempt {e.get('attempt')} {e.get('kind')} at {e.get('at')} "
                       f"({e.get('owner')}): {first[-1] if first else ''}")
     if job.last_error:
-        out.print("[bold]last error[/bold]")
-        out.print(job.last_error, markup=False, highlight=False)
+        out.print("last error", style="bold")
+        print_lines(job.last_error)
 
 
 @jobs.command("show")
@@ -351,8 +374,7 @@ def queues_list(database_url: str | None) -> None:
         if q.paused is not None:
             p = q.paused
             out.print(f"{p.queue}: paused since {p.paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
-                      + (f" by {p.actor}" if p.actor else "") + (f": {p.note}" if p.note else ""),
-                      markup=False, highlight=False)
+                      + (f" by {p.actor}" if p.actor else "") + (f": {p.note}" if p.note else ""))
     if any(q.estimated for q in stats):
         out.print("(counts estimated from a sample: the jobs table is large)")
 
@@ -431,11 +453,11 @@ def batches_show(batch_id: int, n_failures: int, database_url: str | None) -> No
     out.print(table)
     failures = app.batches.failures(batch_id, limit=n_failures) if n_failures and b.failed else []
     if failures:
-        out.print(f"[bold]failed items[/bold] ({b.failed})")
+        out.print(f"failed items ({b.failed})", style="bold")
         for f in failures:
             first = f.reason.strip().splitlines()
             out.print(f"  {f.item} at {f.failed_at.isoformat(timespec='seconds')}: "
-                      f"{first[-1][:100] if first else ''}", markup=False, highlight=False)
+                      f"{first[-1][:100] if first else ''}")
 
 
 @batches.command("seal")
@@ -550,7 +572,8 @@ def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | Non
                                "to take over the killed one's jobs")
     from .demo.jobs import run_demo
 
-    ok = run_demo(database_url, n_jobs, workers, kill_one, out)
+    # (The demos style their own lines with markup, and print no stored text.)
+    ok = run_demo(database_url, n_jobs, workers, kill_one, Console())
     sys.exit(0 if ok else 1)
 
 
@@ -593,7 +616,7 @@ def demo_push(users: int, workers: int, senders: int, per_user_jobs: bool, kill_
             raise click.BadParameter(f"cannot connect to {smtp}: {exc}", param_hint="--smtp") from None
     opts = Options(users=users, workers=workers, senders=senders, kill_one=kill_one, smtp=smtp, seed=seed,
                    per_user_jobs=per_user_jobs, redo=redo)
-    ok = run_push_demo(database_url, opts, out)
+    ok = run_push_demo(database_url, opts, Console())
     sys.exit(0 if ok else 1)
 
 

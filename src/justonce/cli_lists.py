@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import IO, Any
 
 import click
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -32,7 +31,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from .app import App
-from .cli import cli, database_option, load_app, out, show
+from .cli import cli, database_option, load_app, show
+from .cli_output import err, out, visible
 from .errors import InvalidArguments, ListExists, ListNotFound, PayloadTooLarge
 from .lists import LOAD_CHUNK, item_json
 from .models import ListInfo
@@ -41,7 +41,6 @@ POLL = 0.5
 """Seconds between two looks at a running list's progress."""
 FAILURE_EVERY = 5.0
 """Seconds between a ``lists run`` process's lines about failed attempts (the first at once)."""
-err = Console(stderr=True)
 
 
 @cli.group()
@@ -91,12 +90,12 @@ def lists_show(name: str, n_buried: int, database_url: str | None) -> None:
     out.print(table)
     found = app.lists.buried(name, n_buried) if n_buried and p.buried else []
     if found:
-        out.print(f"[bold]buried[/bold] ({p.buried:,} positions)")
+        out.print(f"buried ({p.buried:,} positions)", style="bold")
         for b in found:
             spans = ", ".join(str(lo) if hi - lo == 1 else f"{lo}-{hi - 1}" for lo, hi in b.ranges)
             reason = (b.reason or "").strip().splitlines()
             out.print(f"  {spans} (attempt {b.attempt}, {b.buried_at.isoformat(timespec='seconds')}): "
-                      f"{reason[-1][:100] if reason else ''}", markup=False, highlight=False, soft_wrap=True)
+                      f"{reason[-1][:100] if reason else ''}", soft_wrap=True)
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -197,7 +196,7 @@ def _load(app: App, name: str, source: IO[bytes],
 def _read(loader: _Loader, source: IO[bytes]) -> int:
     columns = [TextColumn("loading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TextColumn("{task.fields[items]:,} items")]
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+    with Progress(*columns, console=err, transient=False) as bar:
         task = bar.add_task("load", total=_size(source), items=0)
         read = 0
         try:
@@ -223,8 +222,7 @@ def _loaded(app: App, name: str, loaded: tuple[int, int | None], seal: bool) -> 
     n, list_id = loaded
     info = app.lists.seal(name, list_id=list_id) if seal else app.lists.get(name)
     how = "sealed" if seal else "not sealed: append more, then `justonce lists seal`"
-    out.print(f"list {name}: {n:,} items appended, {info.progress.total:,} in all, {how}",
-              highlight=False, soft_wrap=True)
+    out.print(f"list {name}: {n:,} items appended, {info.progress.total:,} in all, {how}", soft_wrap=True)
 
 
 FROM = click.option("--from", "source", required=True, type=click.File("rb", lazy=False),
@@ -283,8 +281,7 @@ def lists_append(name: str, source: IO[bytes], no_seal: bool, database_url: str 
 def lists_seal(name: str, database_url: str | None) -> None:
     """Seal a list: its items become immutable and its positions can be handed out."""
     info = App(database_url).lists.seal(name)
-    out.print(f"list {info.name} {info.state} ({info.progress.total:,} items)", highlight=False,
-              soft_wrap=True)
+    out.print(f"list {info.name} {info.state} ({info.progress.total:,} items)", soft_wrap=True)
 
 
 @lists.command("drop")
@@ -296,8 +293,7 @@ def lists_drop(name: str, yes: bool, database_url: str | None) -> None:
     if not yes:
         click.confirm(f"Drop list {name!r} and all its items?", abort=True)
     gone = App(database_url).lists.drop(name)
-    out.print(f"list {name} dropped" if gone else f"no list named {name!r}", highlight=False,
-              soft_wrap=True)
+    out.print(f"list {name} dropped" if gone else f"no list named {name!r}", soft_wrap=True)
     if not gone:
         sys.exit(1)
 
@@ -310,7 +306,7 @@ def lists_kick(name: str, limit: int | None, database_url: str | None) -> None:
     """Hand buried positions out again (oldest first), with their attempts counted afresh."""
     lists_api = App(database_url).lists
     n = lists_api.kick(name) if limit is None else lists_api.kick(name, limit)
-    out.print(f"kicked {n:,} buried positions of list {name}", highlight=False, soft_wrap=True)
+    out.print(f"kicked {n:,} buried positions of list {name}", soft_wrap=True)
 
 
 # -- running ------------------------------------------------------------------------------
@@ -363,8 +359,7 @@ def lists_drain(name: str, app_path: str, database_url: str | None, parent: int 
                     what = "buried" if run.outcome == "buried" else "to be retried after a backoff"
                     err.print(f"list {name}: {failures:,} attempt(s) failed in process {os.getpid()}; "
                               f"last: position {run.position}, attempt {run.attempt}, {what}: "
-                              f"{last[-1][:200] if last else '?'}", highlight=False, markup=False,
-                              soft_wrap=True)
+                              f"{last[-1][:200] if last else '?'}", soft_wrap=True)
     finally:
         app.close()
     if report:
@@ -422,18 +417,17 @@ def lists_run(name: str, parallelism: int, app_path: str | None, database_url: s
     shutil.rmtree(reports, ignore_errors=True)
     p = info.progress
     out.print(f"list {name}: {p.done:,} of {p.total:,} done, {p.buried:,} buried, {p.ready:,} ready, "
-              f"{p.reserved:,} reserved; {runs:,} completed by {parallelism} processes",
-              highlight=False, soft_wrap=True)
+              f"{p.reserved:,} reserved; {runs:,} completed by {parallelism} processes", soft_wrap=True)
     if stopped:
         out.print(f"stopped by {signal.Signals(stopped[0]).name}: each process finished its current "
-                  "item; run again to go on", highlight=False, soft_wrap=True)
+                  "item; run again to go on", soft_wrap=True)
         sys.exit(128 + stopped[0])
     if failed:
         raise click.ClickException(f"{len(failed)} of {parallelism} processes failed: "
                                    + ", ".join(f"pid {pid} exit {rc}" for pid, rc in failed))
     if p.buried:
         out.print(f"{p.buried:,} positions are buried: see `justonce lists show {name}`, "
-                  f"revive them with `justonce lists kick {name}`", highlight=False, soft_wrap=True)
+                  f"revive them with `justonce lists kick {name}`", soft_wrap=True)
 
 
 def _completed(report: str) -> int:
@@ -447,10 +441,12 @@ def _completed(report: str) -> int:
 
 def _watch(app: App, name: str, procs: list[subprocess.Popen[bytes]]) -> ListInfo:
     """Show the list's progress until every process has exited; the last look."""
-    columns = [TextColumn(f"[bold]{name}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[detail]}"), TimeElapsedColumn()]
-    with Progress(*columns, console=Console(stderr=True)) as bar:
-        task = bar.add_task(name, total=None, detail="")
+    # (A column's text is a format string read as markup: the name goes in as the task's
+    # description, shown plain.)
+    columns = [TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn()]
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task(visible(name), total=None, detail="")
         while True:
             running = sum(p.poll() is None for p in procs)
             info = app.lists.get(name)

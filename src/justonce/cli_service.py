@@ -9,7 +9,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .cli import ID, cli, database_option, load_app, out
+from .cli import ID, cli, database_option, load_app
+from .cli_output import out, visible
 
 
 @cli.command()
@@ -41,15 +42,15 @@ def serve(host: str, port: int, database_url: str | None, app_path: str | None,
     version = app.backend.schema_version()  # fail now, not on the first request, if unreachable
     if version < app.backend.schema_latest() and not app.database_url.startswith("sqlite"):
         # (Served anyway, as a worker waits: a deploy may start the service before migrate.)
-        out.print(f"[yellow]the justonce schema is at v{version}, this version needs "
+        out.print(f"the justonce schema is at v{version}, this version needs "
                   f"v{app.backend.schema_latest()}: requests answer 503 until `justonce migrate` "
-                  "runs[/yellow]", highlight=False)
+                  "runs", style="yellow")
     elif version > app.backend.schema_latest():
-        out.print(f"[yellow]the justonce schema is at v{version}, newer than this justonce "
-                  f"(v{app.backend.schema_latest()}): requests answer 503; upgrade justonce[/yellow]",
-                  highlight=False)
+        out.print(f"the justonce schema is at v{version}, newer than this justonce "
+                  f"(v{app.backend.schema_latest()}): requests answer 503; upgrade justonce",
+                  style="yellow")
     out.print(f"justonce serving {app.database_url.split('?')[0]} on http://{host}:{port} "
-              f"(API /api/v1, docs /docs)", highlight=False)
+              f"(API /api/v1, docs /docs)")
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,
                                "access_log": False, "timeout_keep_alive": 30, "server_header": False}
     if workers == 1:
@@ -79,7 +80,7 @@ def tokens_create(name: str, scope: str, database_url: str | None) -> None:
     app = load_app(None, database_url, strict=False)
     info, secret = app.tokens.create(name, scope)
     click.echo(secret)
-    click.echo(f"token {info.id} ({info.name}, {info.scope}): keep the secret above, it is not "
+    click.echo(f"token {info.id} ({visible(info.name)}, {info.scope}): keep the secret above, it is not "
                "shown again", err=True)
 
 
