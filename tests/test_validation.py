@@ -21,6 +21,7 @@ from justonce import (
     SchemaError,
     UnknownTask,
     ValidationError,
+    validate,
 )
 
 
@@ -180,6 +181,19 @@ def test_malformed_database_urls_get_a_configuration_error(url: str) -> None:
         App(url).backend  # noqa: B018
     message = str(info.value).lower()
     assert any(word in message for word in ("url", "sqlite", "postgresql", "schema", "pool_size"))
+
+
+@pytest.mark.parametrize("host", ["a..b", ".a", "mail..example.com", "x" * 64 + ".com", "", "a\x00b", 5])
+def test_a_host_python_cannot_encode_is_invalid_option(host: object) -> None:
+    """The idna codec raised UnicodeError for an empty label or one over 63 characters,
+    from deep in the socket functions."""
+    with pytest.raises(InvalidOption, match="host"):
+        validate.host(host, "the host")
+
+
+def test_hosts_that_encode_are_taken() -> None:
+    for host in ("127.0.0.1", "::1", "localhost", "example.com.", "bücher.example", "0.0.0.0"):
+        assert validate.host(host, "the host") == host
 
 
 @pytest.mark.parametrize("scheme", ["postgresql", "mysql"])

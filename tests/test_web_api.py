@@ -75,6 +75,15 @@ def test_a_service_started_before_migrate_says_so_answers_503_then_serves(db_url
             assert ok.get("/api/v1/queues").status_code == 200
 
 
+def test_serve_refuses_a_host_python_cannot_encode_before_it_starts(tmp_path: Path) -> None:
+    """The idna codec's UnicodeError (an empty label) came out of uvicorn as a traceback."""
+    r = justonce("serve", "--host", "a..b", "--database-url", f"sqlite:///{tmp_path / 'x.db'}", ok=False)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--host" in lines[-1] and "is not a host name" in lines[-1], lines
+    assert not (tmp_path / "x.db").exists()  # (refused before it opened the database)
+
+
 # -- bad input: a clear 4xx, nothing changed ----------------------------------------------
 def test_bad_credentials_and_scopes_are_refused_and_change_nothing(server: Server, lib: App,
                                                                     reader: httpx.Client) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .cli import ID, cli, database_option, load_app, out
+from .cli import ID, cli, database_option, host_option, load_app, out
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1", show_default=True, callback=host_option,
               help="Address to bind; loopback unless you mean to expose the service.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @database_option
