@@ -615,6 +615,7 @@ def cli_cases(files: dict[str, str]) -> list[list[str]]:
         ["queues", "pause", "q", "--note", "a\udcffb"], ["queues", "resume", "a\udcffb"],
         ["queues", "resume", "-q"], ["queues", "resume", "q" * 64],
         ["tokens", "list", "--database-url", "postgresql://h:notaport/db"],
+        ["migrate", "--database-url", "postgresql://h/db?schema=pg_x"],
     ]
 
 

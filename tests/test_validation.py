@@ -7,6 +7,7 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
+from click.testing import CliRunner
 
 from justonce import (
     MAX_PAYLOAD_BYTES,
@@ -23,6 +24,7 @@ from justonce import (
     ValidationError,
     validate,
 )
+from justonce.cli import cli
 
 
 @pytest.fixture
@@ -181,6 +183,18 @@ def test_malformed_database_urls_get_a_configuration_error(url: str) -> None:
         App(url).backend  # noqa: B018
     message = str(info.value).lower()
     assert any(word in message for word in ("url", "sqlite", "postgresql", "schema", "pool_size"))
+
+
+def test_a_postgres_schema_named_pg_something_is_refused_before_migrate(pg_server_url: str) -> None:
+    """Postgres reserves the pg_ prefix: the name check let it through, and CREATE SCHEMA
+    failed in the migration with psycopg's ReservedName (a traceback on the command line)."""
+    url = f"{pg_server_url}{'&' if '?' in pg_server_url else '?'}schema=pg_justonce"
+    with pytest.raises(ConfigurationError, match="reserves names that start with pg_"):
+        App(url).migrate()
+    result = CliRunner().invoke(cli, ["migrate", "--database-url", url])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("Error: ConfigurationError") and "pg_" in lines[0]
 
 
 @pytest.mark.parametrize("host", ["a..b", ".a", "mail..example.com", "x" * 64 + ".com", "", "a\x00b", 5])

@@ -100,6 +100,10 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     schema = ours.pop("schema", None)
     if schema is not None and not _SCHEMA.match(schema):
         raise ConfigurationError(f"schema {shown(schema)} must match {_SCHEMA.pattern}")
+    if schema is not None and schema.startswith("pg_"):
+        # (CREATE SCHEMA would fail with ReservedName, in the middle of a migration.)
+        raise ConfigurationError(f"schema {shown(schema)}: PostgreSQL reserves names that "
+                                 "start with pg_ for its system schemas")
     if "pgbouncer" in ours:
         pgbouncer_mode(ours)  # refuse a misspelt value at once
     conninfo = urlunsplit(parts._replace(query=urlencode(query)))
