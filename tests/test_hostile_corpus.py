@@ -615,6 +615,8 @@ def cli_cases(files: dict[str, str]) -> list[list[str]]:
         ["queues", "pause", "q", "--note", "a\udcffb"], ["queues", "resume", "a\udcffb"],
         ["queues", "resume", "-q"], ["queues", "resume", "q" * 64],
         ["tokens", "list", "--database-url", "postgresql://h:notaport/db"],
+        ["status", "--database-url", "postgresql://h/db_%FF"],
+        ["status", "--database-url", "mysql://u:pw%FF@h/db"],
         ["migrate", "--database-url", "postgresql://h/db?schema=pg_x"],
     ]
 

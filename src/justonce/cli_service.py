@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from .backends import redact_url
 from .cli import ID, cli, database_option, host_option, load_app, out
 
 
@@ -48,7 +49,7 @@ def serve(host: str, port: int, database_url: str | None, app_path: str | None,
         out.print(f"[yellow]the justonce schema is at v{version}, newer than this justonce "
                   f"(v{app.backend.schema_latest()}): requests answer 503; upgrade justonce[/yellow]",
                   highlight=False)
-    out.print(f"justonce serving {app.database_url.split('?')[0]} on http://{host}:{port} "
+    out.print(f"justonce serving {redact_url(app.database_url).split('?')[0]} on http://{host}:{port} "
               f"(API /api/v1, docs /docs)", highlight=False)
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,
                                "access_log": False, "timeout_keep_alive": 30, "server_header": False}
