@@ -130,6 +130,9 @@ def test_the_per_user_jobs_push_with_a_killed_worker_sends_no_user_two_emails(
     (["--smtp", "[]:25"], "HOST:PORT"),
     (["--smtp", "[localhost]:25"], "HOST:PORT"),
     (["--smtp", "[::1]:1"], "cannot connect to [::1]:1"),  # (parsed: nothing listens there)
+    # A label Python's idna codec cannot encode (empty, or over 63): was its UnicodeError.
+    (["--smtp", "mail..example.com:25"], "'mail..example.com' is not a host name"),
+    (["--smtp", "x" * 64 + ".example:25"], "is not a host name"),
     (["--senders", "0"], "--senders"),
     (["--workers", "65"], "--workers"),
     (["--users", "999"], "--users"),

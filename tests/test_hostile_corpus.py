@@ -597,11 +597,14 @@ def cli_cases(files: dict[str, str]) -> list[list[str]]:
         ["worker", *app, "--partitions", "a b:4"], ["worker", *app, "--partitions", "set:0"],
         ["worker", *app, "--partitions", "set:x"], ["worker", *app, "--concurrency", "0"],
         ["worker", *app, "--lease", "nan"], ["worker", *app, "--metrics-port", "0"],
+        ["worker", *app, "--metrics-host", "a..b", "--metrics-port", "9"],
         ["serve", "--app", "no.such.module:app"], ["serve", "--port", "-1"], ["serve", "--max-body-bytes", "1"],
+        ["serve", "--host", "a..b"], ["serve", "--host", "x" * 64],
         ["serve", "--workers", "0"], ["serve", "--log-level", "loud"],
         ["demo", "jobs", "--jobs", "0"], ["demo", "jobs", "--workers", "1000"],
         ["demo", "push", "--users", "1"], ["demo", "push", "--smtp", "nohost"],
         ["demo", "push", "--smtp", "h:99999"], ["demo", "push", "--smtp", "h:25", "--redo"],
+        ["demo", "push", "--smtp", "mail..example.com:25"],
         # A database URL is input too: these commands take no other.
         ["migrate", "--database-url", "nonsense"], ["migrate", "--database-url", "sqlite:////no/such/dir/x.db"],
         ["status", "--database-url", "oracle://x/y"], ["status", "--database-url", "sqlite:///" + "a" * 10_000],
@@ -612,6 +615,9 @@ def cli_cases(files: dict[str, str]) -> list[list[str]]:
         ["queues", "pause", "q", "--note", "a\udcffb"], ["queues", "resume", "a\udcffb"],
         ["queues", "resume", "-q"], ["queues", "resume", "q" * 64],
         ["tokens", "list", "--database-url", "postgresql://h:notaport/db"],
+        ["status", "--database-url", "postgresql://h/db_%FF"],
+        ["status", "--database-url", "mysql://u:pw%FF@h/db"],
+        ["migrate", "--database-url", "postgresql://h/db?schema=pg_x"],
     ]
 
 

@@ -30,6 +30,7 @@ from justonce.metrics import (
     DatabaseCollector,
     WorkerMetrics,
     port_number,
+    serve_worker_metrics,
     service_metrics,
 )
 from justonce.models import Completion, Failure
@@ -329,6 +330,19 @@ def test_metrics_port_out_of_range_or_taken_is_a_clear_error(db_url: str, tmp_pa
             port_number(wrong)
     with pytest.raises(InvalidOption):
         WorkerMetrics(max_names=0)
+
+
+def test_a_metrics_host_python_cannot_encode_is_refused_before_the_worker_starts(app: App) -> None:
+    """An empty label (a..b) made Python's idna codec raise UnicodeError, which neither the
+    CLI nor serve_worker_metrics caught: a traceback once the worker had been built."""
+    r = CliRunner().invoke(cli, ["worker", "--app", "proc_app:app", "--database-url", app.database_url,
+                                 "--metrics-host", "a..b", "--metrics-port", "9"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and "--metrics-host" in lines[-1] and "is not a host name" in lines[-1], r.output
+    w = Worker(app, queues=["default"], concurrency=1)
+    for host in ("a..b", "x" * 64, ""):
+        with pytest.raises(InvalidOption, match="the metrics host"):
+            serve_worker_metrics(w, 9, host)
 
 
 def test_worker_metrics_cap_label_values_to_what_is_registered() -> None:

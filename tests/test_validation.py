@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import time
 from datetime import datetime, timedelta
+from urllib.parse import quote
 
 import pytest
+from click.testing import CliRunner
 
 from justonce import (
     MAX_PAYLOAD_BYTES,
@@ -21,7 +23,10 @@ from justonce import (
     SchemaError,
     UnknownTask,
     ValidationError,
+    validate,
 )
+from justonce.backends import redact_url
+from justonce.cli import cli
 
 
 @pytest.fixture
@@ -180,6 +185,125 @@ def test_malformed_database_urls_get_a_configuration_error(url: str) -> None:
         App(url).backend  # noqa: B018
     message = str(info.value).lower()
     assert any(word in message for word in ("url", "sqlite", "postgresql", "schema", "pool_size"))
+
+
+SECRET_URLS = [
+    "postgresq://u:SECRETPW@127.0.0.1/db",  # a scheme justonce does not know
+    "postgresql//u:SECRETPW@127.0.0.1/db",  # no ://
+    "postgresql:/u:SECRETPW@127.0.0.1/db",
+    "postgresql://u:SECRETPW@:5432",  # no host, no database
+    "postgresql://u:SECRETPW@127.0.0.1:notaport/db",
+    "postgresql://u:SECRET/PW@127.0.0.1/db",  # an unescaped / in the password
+    "postgresql://u:SECRETPW@127.0.0.1/db_%FF",  # an escape that is not UTF-8
+    "postgresql://u:SECRETPW@127.0.0.1/db?schema=pg_x",
+    "mysql://root:SECRETPW@127.0.0.1:3306/",  # no database
+    "mysql://root:SECRETPW@127.0.0.1:3306/a/b",
+    "mysql://root:SECRETPW@/db",  # no host
+    "mysql://root:SECRETPW@127.0.0.1:3306/db?colour=blue",
+    "mysql://root@127.0.0.1:3306/db?password=SECRETPW",  # libpq's option, not MySQL's
+    "sqlite://SECRETPW/x.db",  # what stands for a host in a SQLite URL
+    "sqlite://u:SECRETPW@/x.db",
+    "sqlite:///x.db?password=SECRETPW",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_a_refused_database_url_is_shown_without_its_password(url: str) -> None:
+    """Connection errors masked the password; the URL's own refusals (a scheme, a host or
+    a database missing, an unknown option) showed it whole."""
+    with pytest.raises(ConfigurationError) as info:
+        App(url).backend  # noqa: B018
+    assert "SECRET" not in str(info.value), info.value
+    result = CliRunner().invoke(cli, ["status", "--database-url", url])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("Error: ConfigurationError") and "SECRET" not in lines[0], lines
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://u:pw@h:5432/db?schema=s", "postgresql://u:***@h:5432/db?schema=s"),
+    ("postgresql://u@h/db", "postgresql://u@h/db"),
+    ("postgresql://u:p@w/x@h/db", "postgresql://u:***@h/db"),
+    ("postgresql//u:pw@h/db", "postgresql//u:***@h/db"),
+    ("mysql://u@h/db?Password=pw&ssl=1", "mysql://u@h/db?Password=***&ssl=1"),
+    ("postgresql://h/db?sslpassword=pw", "postgresql://h/db?sslpassword=***"),
+    ("sqlite://pw/x.db", "sqlite://***/x.db"),
+    ("sqlite:///x.db", "sqlite:///x.db"),
+    ("sqlite:////abs/x.db", "sqlite:////abs/x.db"),
+    ("nonsense", "nonsense"),
+])
+def test_redact_url_masks_every_password_a_url_can_hold(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://postgres@127.0.0.1:5432/db_%FF", "postgresql://postgres:pw%FF@127.0.0.1:5432/db",
+    "postgresql://postgres@127.0.0.1:5432/db?application_name=%C3",
+    "mysql://root:pw%FF@127.0.0.1:3306/db", "mysql://root@127.0.0.1:3306/db_%FF",
+    "mysql://r%FF@127.0.0.1:3306/db",
+])
+def test_an_escape_that_is_not_utf8_is_a_configuration_error(url: str) -> None:
+    """psycopg decoded it as UTF-8 and raised UnicodeDecodeError (a traceback on the
+    command line); PyMySQL got U+FFFD for it (another name, a password it could not send)."""
+    with pytest.raises(ConfigurationError, match="not UTF-8"):
+        App(url).backend  # noqa: B018
+    result = CliRunner().invoke(cli, ["status", "--database-url", url])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and "not UTF-8" in lines[0], result.output
+    assert "pw" not in lines[0]
+
+
+def test_a_mysql_password_outside_latin1_is_sent_as_utf8() -> None:
+    """PyMySQL encodes a str password as Latin-1: 'p€' raised UnicodeEncodeError, and
+    'pé' was refused by a server that keeps it as set over a utf8mb4 connection."""
+    import pymysql
+
+    from conftest import mysql_database, mysql_or_skip
+    from justonce.backends.mysql.backend import parse_mysql_url
+
+    server = mysql_or_skip()
+    admin, _ = parse_mysql_url(server)
+    with mysql_database(server) as url, pymysql.connect(**admin, autocommit=True) as conn:
+        database = url.split("?", 1)[0].rsplit("/", 1)[1]
+        host = url.split("@", 1)[1].split("/", 1)[0]
+        for password in ("pé", "p€ü"):
+            with conn.cursor() as cur:
+                cur.execute("DROP USER IF EXISTS 'justonce_pw'@'%'")
+                cur.execute("CREATE USER 'justonce_pw'@'%%' IDENTIFIED BY %s", (password,))
+                cur.execute(f"GRANT ALL ON `{database}`.* TO 'justonce_pw'@'%'")
+            try:
+                app = App(f"mysql://justonce_pw:{quote(password)}@{host}/{database}")
+                app.migrate()
+                assert app.backend.schema_version() == app.backend.schema_latest()
+                app.close()
+            finally:
+                with conn.cursor() as cur:
+                    cur.execute("DROP USER IF EXISTS 'justonce_pw'@'%'")
+
+
+def test_a_postgres_schema_named_pg_something_is_refused_before_migrate(pg_server_url: str) -> None:
+    """Postgres reserves the pg_ prefix: the name check let it through, and CREATE SCHEMA
+    failed in the migration with psycopg's ReservedName (a traceback on the command line)."""
+    url = f"{pg_server_url}{'&' if '?' in pg_server_url else '?'}schema=pg_justonce"
+    with pytest.raises(ConfigurationError, match="reserves names that start with pg_"):
+        App(url).migrate()
+    result = CliRunner().invoke(cli, ["migrate", "--database-url", url])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith("Error: ConfigurationError") and "pg_" in lines[0]
+
+
+@pytest.mark.parametrize("host", ["a..b", ".a", "mail..example.com", "x" * 64 + ".com", "", "a\x00b", 5])
+def test_a_host_python_cannot_encode_is_invalid_option(host: object) -> None:
+    """The idna codec raised UnicodeError for an empty label or one over 63 characters,
+    from deep in the socket functions."""
+    with pytest.raises(InvalidOption, match="host"):
+        validate.host(host, "the host")
+
+
+def test_hosts_that_encode_are_taken() -> None:
+    for host in ("127.0.0.1", "::1", "localhost", "example.com.", "bücher.example", "0.0.0.0"):
+        assert validate.host(host, "the host") == host
 
 
 @pytest.mark.parametrize("scheme", ["postgresql", "mysql"])

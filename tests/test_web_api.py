@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -73,6 +74,27 @@ def test_a_service_started_before_migrate_says_so_answers_503_then_serves(db_url
                          "--database-url", db_url).stdout.strip()
         with s.client(admin) as ok:
             assert ok.get("/api/v1/queues").status_code == 200
+
+
+def test_serve_names_its_database_without_the_password(tmp_path: Path) -> None:
+    """Its first line named the whole URL but its options: the password with it."""
+    server = postgres_or_skip()
+    parts = urlsplit(server)
+    secret = parts.password or "SECRETPW"  # (a server that trusts its clients ignores it)
+    netloc = f"{parts.username or 'postgres'}:{secret}@{parts.netloc.rsplit('@', 1)[-1]}"
+    with serving(urlunsplit(parts._replace(netloc=netloc)), tmp_path / "serve.log", migrate=False):
+        said = (tmp_path / "serve.log").read_text()
+    assert "justonce serving postgresql://" in said and ":***@" in said, said
+    assert secret not in said, said
+
+
+def test_serve_refuses_a_host_python_cannot_encode_before_it_starts(tmp_path: Path) -> None:
+    """The idna codec's UnicodeError (an empty label) came out of uvicorn as a traceback."""
+    r = justonce("serve", "--host", "a..b", "--database-url", f"sqlite:///{tmp_path / 'x.db'}", ok=False)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--host" in lines[-1] and "is not a host name" in lines[-1], lines
+    assert not (tmp_path / "x.db").exists()  # (refused before it opened the database)
 
 
 # -- bad input: a clear 4xx, nothing changed ----------------------------------------------

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from . import logs
+from . import logs, validate
 from .app import App
 from .cli_output import out, print_lines, visible
 from .errors import ConfigurationError, InvalidOption, JustonceError
@@ -75,6 +75,15 @@ class PlainId(click.ParamType):
 
 
 ID = PlainId()
+
+
+def host_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A --host option's value, checked when the command line is read (see
+    :func:`justonce.validate.host`), before the command starts anything."""
+    try:
+        return validate.host(value, "the host")
+    except InvalidOption as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def database_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -172,7 +181,7 @@ def migrate(database_url: str | None) -> None:
               help="Seconds completed and expired batches are kept.")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default).")
-@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, callback=host_option,
               help="Address the metrics server binds to.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
@@ -603,8 +612,8 @@ def demo_push(users: int, workers: int, senders: int, per_user_jobs: bool, kill_
 
         try:
             host, port = split_address(smtp)
-        except ValueError:
-            raise click.BadParameter("expected HOST:PORT ([::1]:PORT for an IPv6 host)",
+        except ValueError as exc:
+            raise click.BadParameter(f"{exc} (HOST:PORT, [::1]:PORT for an IPv6 host)",
                                      param_hint="--smtp") from None
         if redo:
             raise click.UsageError("--redo needs the demo's own SMTP server: its log tells which emails in "

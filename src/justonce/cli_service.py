@@ -9,12 +9,13 @@ from typing import Any
 import click
 from rich.table import Table
 
-from .cli import ID, cli, database_option, load_app
+from .backends import redact_url
+from .cli import ID, cli, database_option, host_option, load_app
 from .cli_output import out, visible
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1", show_default=True, callback=host_option,
               help="Address to bind; loopback unless you mean to expose the service.")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
 @database_option
@@ -49,7 +50,7 @@ def serve(host: str, port: int, database_url: str | None, app_path: str | None,
         out.print(f"the justonce schema is at v{version}, newer than this justonce "
                   f"(v{app.backend.schema_latest()}): requests answer 503; upgrade justonce",
                   style="yellow")
-    out.print(f"justonce serving {app.database_url.split('?')[0]} on http://{host}:{port} "
+    out.print(f"justonce serving {redact_url(app.database_url).split('?')[0]} on http://{host}:{port} "
               f"(API /api/v1, docs /docs)")
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,
                                "access_log": False, "timeout_keep_alive": 30, "server_header": False}

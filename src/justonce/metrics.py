@@ -235,8 +235,7 @@ def serve_worker_metrics(worker: Worker, port: int, host: str = "127.0.0.1") -> 
     from prometheus_client import start_http_server
 
     port = port_number(port)
-    if not isinstance(host, str) or not host:
-        raise InvalidOption(f"the metrics host must be an address, not {validate.shown(host)}")
+    host = validate.host(host, "the metrics host")
     metrics = WorkerMetrics(tasks=worker.app.tasks, queues=worker.queues)
     try:
         server, _ = start_http_server(port, addr=host, registry=metrics.registry)

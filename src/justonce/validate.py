@@ -510,3 +510,18 @@ def priority(value: Any) -> int:
     if number is None or not lo <= number <= hi:
         raise InvalidOption(f"priority must be an integer in [{lo}, {hi}], not {shown(value)}")
     return number
+
+
+def host(value: Any, what: str) -> str:
+    """A host name or address to bind or connect to. The socket functions encode a name
+    with Python's idna codec, which raises UnicodeError for a label (the text between two
+    dots) that is empty or longer than 63 characters (``mail..example.com``): refused
+    here, before anything starts, as a typed error."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidOption(f"{what} must be a host name or address, not {shown(value)}")
+    try:
+        value.encode("idna")
+    except UnicodeError:
+        raise InvalidOption(f"{what} {shown(value)} is not a host name: a label in it (between "
+                            "dots) is empty or longer than 63 characters") from None
+    return str.__str__(value)

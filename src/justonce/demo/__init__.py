@@ -17,10 +17,12 @@ PARENT_ENV = "JUSTONCE_DEMO_PARENT"
 """Set by a demo in the environment of the workers it starts: its own pid."""
 
 
-def worker_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` for a worker this demo process starts: with the demo's pid, so that the
-    worker stops once the demo is gone (:func:`exit_with_parent`)."""
-    return {**env, PARENT_ENV: str(os.getpid())}
+def worker_env(env: Mapping[str, str], url: str) -> dict[str, str]:
+    """``env`` for a worker this demo process starts on the database at ``url``: with the
+    demo's pid, so that the worker stops once the demo is gone (:func:`exit_with_parent`).
+    The URL goes in the environment, not on the worker's command line, where ``ps`` would
+    show its password to every user of the machine."""
+    return {**env, PARENT_ENV: str(os.getpid()), "JUSTONCE_DATABASE_URL": url}
 
 
 def exit_with_parent() -> None:

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..app import App
+from ..backends import redact_url
 from ..tasks import Enqueue
 from ..types import JobState
 from . import connect, exit_with_parent, stop_workers, worker_env
@@ -66,7 +67,7 @@ def run_demo(database_url: str | None, n_jobs: int, workers: int, kill_one: bool
     run = secrets.token_hex(4)
     queue = f"demo-{run}"
     out.print(f"[bold]justonce demo[/bold]: {n_jobs} jobs on {workers} worker processes, "
-              f"database {url}, run {run}")
+              f"database {redact_url(url)}, run {run}")
 
     t0 = time.perf_counter()
     for start in range(0, n_jobs, 5000):
@@ -76,9 +77,9 @@ def run_demo(database_url: str | None, n_jobs: int, workers: int, kill_one: bool
     out.print(f"queued {n_jobs} jobs in {enqueue_s:.2f}s ({n_jobs / enqueue_s:,.0f} jobs/s)")
 
     cmd = [sys.executable, "-m", "justonce", "worker", "--app", "justonce.demo.jobs:app",
-           "--database-url", url, "--queues", queue, "--concurrency", "2", "--lease", "3",
+           "--queues", queue, "--concurrency", "2", "--lease", "3",
            "--grace", "10", "--log-level", "WARNING", "--housekeeping-interval", "0.5"]
-    env = worker_env(os.environ)
+    env = worker_env(os.environ, url)
     procs = [subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL) for _ in range(workers)]
     killed = None
     t1 = time.perf_counter()

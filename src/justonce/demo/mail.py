@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from typing import Any
 
+from .. import validate
+from ..errors import InvalidOption
+
 SMTP_ENV = "JUSTONCE_DEMO_SMTP"
 SENDER = "pushes@justonce.example"
 
@@ -48,6 +51,10 @@ def split_address(address: str) -> tuple[str, int]:
         raise ValueError(f"an IPv6 host goes in brackets ([::1]:2525): {address!r}")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, not {address!r}")
+    try:  # (a host socket.create_connection cannot encode: mail..example.com)
+        validate.host(host, "the SMTP host")
+    except InvalidOption as exc:
+        raise ValueError(str(exc)) from None
     return host, int(port)
 
 

@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..backends import redact_url
 from ..models import EffectInfo
 from ..owner import owner_pid
 from ..tasks import Enqueue
@@ -104,7 +105,7 @@ def run_push_demo(database_url: str | None, opts: Options, out: Console) -> bool
     # own partition lease says whether one runs; it lapses 10 s after a demo that died.
     lease = app.partitions.try_acquire(DEMO_LEASE, 1, lease=10.0)
     if lease is None:
-        out.print(f"[red]another `justonce demo push` is running on {url}: wait for it to end "
+        out.print(f"[red]another `justonce demo push` is running on {redact_url(url)}: wait for it to end "
                   "(or use another database)[/red]")
         return False
     lease.start_renewing()
@@ -133,7 +134,7 @@ def _run(url: str, opts: Options, out: Console) -> bool:
     mode = "one job per user" if opts.per_user_jobs else f"{opts.workers} slot jobs per phase"
     out.print(f"[bold]justonce demo push[/bold]: {opts.users:,} users, list of {len(run.members):,} "
               f"(kitty lovers within 50 km of Sydney), {opts.workers} worker processes × "
-              f"{opts.senders} senders, {mode}, database {url}")
+              f"{opts.senders} senders, {mode}, database {redact_url(url)}")
     if len(run.members) <= 2 * AB_SIZE:
         out.print(f"[yellow]a list of {len(run.members):,} is no bigger than the A/B phase's "
                   f"{2 * AB_SIZE:,}: the A/B phase takes all of it (variant A {len(run.ab[:AB_SIZE]):,}, "
@@ -195,10 +196,9 @@ def _setup(conn: Any, opts: Options) -> Run:
 
 
 def _start_workers(url: str, queue: str, pset: str, address: str, opts: Options) -> list[subprocess.Popen[Any]]:
-    env = worker_env({**os.environ, SMTP_ENV: address, SENDERS_ENV: str(opts.senders)})
-    env.pop("JUSTONCE_DATABASE_URL", None)
+    env = worker_env({**os.environ, SMTP_ENV: address, SENDERS_ENV: str(opts.senders)}, url)
     cmd = [sys.executable, "-m", "justonce", "worker", "--app", "justonce.demo.push_app:app",
-           "--database-url", url, "--queues", queue, "--lease", "3", "--heartbeat", "0.5", "--grace", "10",
+           "--queues", queue, "--lease", "3", "--heartbeat", "0.5", "--grace", "10",
            "--log-level", "WARNING", "--housekeeping-interval", "0.5"]
     if opts.per_user_jobs:
         # Jobs partitioned by user: one process per slot of MOD(user_id, N), each running

@@ -115,6 +115,8 @@ URLS: list[tuple[str, Any]] = [
     ("no-folder", "sqlite:////no/such/folder/x.db"), ("10k", "sqlite:///" + "a" * 10_000),
     ("lone-surrogate", "sqlite:///a\ud800.db"), ("memory", "sqlite:///:memory:"),
     ("postgres-port", "postgresql://h:notaport/db"), ("mysql-path", "mysql://h/a/b"),
+    ("pg-escape", "postgresql://h/db_%FF"), ("pg-password-escape", "postgresql://u:pw%FF@h/db"),
+    ("mysql-escape", "mysql://u:pw%FF@h/db"), ("pg-reserved-schema", "postgresql://h/db?schema=pg_x"),
     ("int", 5), ("bytes", b"sqlite:///x.db"), ("object", Opaque()),
 ]
 """Wrong wherever a database URL goes. (None and the empty string mean "the default":

@@ -44,6 +44,7 @@ from ...errors import (
 )
 from ...models import NewJob
 from ...validate import json_text, shown
+from .. import check_escapes, redact_url
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..liststore import ListOps
@@ -124,20 +125,23 @@ def parse_mysql_url(url: str) -> tuple[dict[str, Any], dict[str, str]]:
     parts = urlsplit(url)
     database = unquote(parts.path.lstrip("/"))
     if not parts.hostname or not database or "/" in database:
-        raise ConfigurationError(
-            f"malformed MySQL URL {shown(url)}: expected mysql://user:password@host:port/dbname"
-        )
+        raise ConfigurationError(f"malformed MySQL URL {shown(redact_url(url))}: "
+                                 "expected mysql://user:password@host:port/dbname")
+    check_escapes(url, "MySQL")
     try:
         port = parts.port or 3306
     except ValueError:
-        raise ConfigurationError(f"malformed port in MySQL URL {shown(url)}") from None
+        raise ConfigurationError(f"malformed port in MySQL URL {shown(redact_url(url))}") from None
     options = dict(parse_qsl(parts.query))
     ours: dict[str, str] = {k: options.pop(k) for k in ("pool_size", "ssl") if k in options}
     if options:
-        raise ConfigurationError(f"unknown MySQL URL options {sorted(options)} in {shown(_redact(url))}")
+        raise ConfigurationError(f"unknown MySQL URL options {sorted(options)} in {shown(redact_url(url))}")
     kwargs: dict[str, Any] = {
         "host": parts.hostname, "port": port, "user": unquote(parts.username or "root"),
-        "password": unquote(parts.password or ""), "database": database}
+        # The password as UTF-8 bytes, as a client in a UTF-8 terminal sends it and as a
+        # password set over a utf8mb4 connection is kept: PyMySQL encodes a str password as
+        # Latin-1, so 'pé' was refused and 'p€' raised UnicodeEncodeError.
+        "password": unquote(parts.password or "").encode(), "database": database}
     ssl = ours.get("ssl", "0").lower()
     if ssl in ("1", "true", "yes", "on"):
         # TLS with the server's certificate checked against the system's CAs and its name.
@@ -149,13 +153,6 @@ def parse_mysql_url(url: str) -> tuple[dict[str, Any], dict[str, str]]:
     else:
         raise ConfigurationError(f"ssl must be 1 or 0, not {shown(ssl)}")
     return kwargs, ours
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
 
 
 _MARK = "\x01justonce-row-part\x01"

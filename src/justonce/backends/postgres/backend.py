@@ -35,6 +35,7 @@ from ...errors import (
 from ...items import CHUNK_BITS
 from ...models import ClaimedJob, Completion, ListCompletion, NewJob, Reservation
 from ...validate import shown
+from .. import check_escapes, redact_url
 from ..base import Partitioning, load_queries, migration_files
 from ..dialect import Dialect, Flip, Key
 from ..liststore import ListOps, each, parse_ranges, ranges_json, to_ranges, token_of
@@ -86,13 +87,13 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     libpq URL: (conninfo, schema, the other options as given)."""
     parts = urlsplit(url)
     if not parts.hostname and not parts.path.strip("/") and "host=" not in parts.query:
-        raise ConfigurationError(
-            f"malformed PostgreSQL URL {shown(url)}: expected postgresql://user@host:port/dbname"
-        )
+        raise ConfigurationError(f"malformed PostgreSQL URL {shown(redact_url(url))}: "
+                                 "expected postgresql://user@host:port/dbname")
+    check_escapes(url, "PostgreSQL")
     try:
         _ = parts.port
     except ValueError:
-        raise ConfigurationError(f"malformed port in PostgreSQL URL {shown(url)}") from None
+        raise ConfigurationError(f"malformed port in PostgreSQL URL {shown(redact_url(url))}") from None
     query = dict(parse_qsl(parts.query))
     ours: dict[str, str] = {
         k: query.pop(k) for k in ("schema", "pool_size", "pgbouncer") if k in query
@@ -100,6 +101,10 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
     schema = ours.pop("schema", None)
     if schema is not None and not _SCHEMA.match(schema):
         raise ConfigurationError(f"schema {shown(schema)} must match {_SCHEMA.pattern}")
+    if schema is not None and schema.startswith("pg_"):
+        # (CREATE SCHEMA would fail with ReservedName, in the middle of a migration.)
+        raise ConfigurationError(f"schema {shown(schema)}: PostgreSQL reserves names that "
+                                 "start with pg_ for its system schemas")
     if "pgbouncer" in ours:
         pgbouncer_mode(ours)  # refuse a misspelt value at once
     conninfo = urlunsplit(parts._replace(query=urlencode(query)))
@@ -261,7 +266,7 @@ class PostgresDialect(Dialect):
                     except PoolTimeout as exc:
                         pool.close(timeout=0)
                         raise DatabaseUnavailable(
-                            f"cannot connect to PostgreSQL at {_redact(self.conninfo)} "
+                            f"cannot connect to PostgreSQL at {redact_url(self.conninfo)} "
                             f"within {self.connect_timeout:g}s" + (f" (first: {first})" if first else "")
                         ) from exc
                     self._pool = pool
@@ -282,7 +287,7 @@ class PostgresDialect(Dialect):
                         or ("FATAL:" in reason and not any(t in reason for t in _PASSING)))
             if definite:
                 raise DatabaseUnavailable(
-                    f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {reason}") from None
+                    f"cannot connect to PostgreSQL at {redact_url(self.conninfo)}: {reason}") from None
             return reason
         return None
 
@@ -978,13 +983,3 @@ def _redact_reason(conninfo: str, reason: str) -> str:
     for shown_as in {password, unquote(password)} if password else ():
         reason = reason.replace(shown_as, "***")
     return reason
-
-
-def _redact(conninfo: str) -> str:
-    parts = urlsplit(conninfo)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return conninfo
-
-

@@ -32,6 +32,7 @@ from ...errors import (
     SchemaError,
 )
 from ...validate import plain_int, shown
+from .. import redact_url
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..store import Store
@@ -54,13 +55,13 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
     rest = url.split("://", 1)[1]
     if not rest.startswith("/"):
         raise ConfigurationError(
-            f"malformed SQLite URL {shown(url)}: use sqlite:///relative/path.db or "
+            f"malformed SQLite URL {shown(redact_url(url))}: use sqlite:///relative/path.db or "
             "sqlite:////absolute/path.db"
         )
     path, _, query = rest[1:].partition("?")
     if not path or path == ":memory:":
         raise ConfigurationError(
-            f"SQLite URL {shown(url)} names no file: justonce needs a file that several "
+            f"SQLite URL {shown(redact_url(url))} names no file: justonce needs a file that several "
             "processes can share"
         )
     return path, dict(parse_qsl(query))
@@ -145,18 +146,20 @@ class SQLiteDialect(Dialect):
         sync = options.pop("synchronous", "FULL").upper()
         if sync not in SYNCHRONOUS:
             raise ConfigurationError(
-                f"synchronous={shown(sync)} in SQLite URL {shown(url)}: use one of {sorted(SYNCHRONOUS)}"
+                f"synchronous={shown(sync)} in SQLite URL {shown(redact_url(url))}: "
+                f"use one of {sorted(SYNCHRONOUS)}"
             )
         self.synchronous = sync
         busy = options.pop("busy_timeout", "30000")
         # Plain digits: a negative or nan wait was no wait at all, and inf waited forever.
         ms = plain_int(busy, zero=True)
         if ms is None or ms > 86_400_000:
-            raise ConfigurationError(f"busy_timeout in {shown(url)} must be milliseconds, "
+            raise ConfigurationError(f"busy_timeout in {shown(redact_url(url))} must be milliseconds, "
                                      f"0 to 86400000 (a day), not {shown(busy)}")
         self.busy_timeout = ms / 1000.0
         if options:
-            raise ConfigurationError(f"unknown SQLite URL options {sorted(options)} in {shown(url)}")
+            raise ConfigurationError(
+                f"unknown SQLite URL options {sorted(options)} in {shown(redact_url(url))}")
         parent = Path(path).expanduser().resolve().parent
         if not parent.is_dir():
             raise ConfigurationError(f"SQLite database folder {shown(str(parent))} does not exist")
