@@ -945,6 +945,41 @@ def test_claims_on_your_connection_in_autocommit_mode_keep_to_their_lease(app: A
         conn.close()
 
 
+@pytest.mark.parametrize("policy", [AT_MOST_ONCE, AT_LEAST_ONCE])
+def test_an_effect_whose_outcome_is_unknown_is_left_in_doubt_not_released(app: App, policy: str) -> None:
+    """A send whose answer was lost (the mail server took the message and dropped the
+    connection) may have happened: released, it was sent again (a user got two emails).
+    fn raising EffectInDoubt leaves its entry claimed, in doubt once the lease runs out,
+    as if the process had died there; the keys that returned are marked done."""
+    from justonce import EffectInDoubt
+
+    calls: list[str] = []
+
+    def send(idem: str) -> None:
+        calls.append(idem)
+        if idem.endswith((":2", ":5")):
+            raise EffectInDoubt("the server dropped the connection after DATA")
+
+    out = app.effects.run_many("lost", range(8), send, policy=policy, lease=1.5)
+    assert (out.done, out.left_in_doubt, dict(out.failed), out.ran) == (6, ("2", "5"), {}, 8)
+    assert "2 left in doubt" in str(out)
+    states = {k: app.effects.get("lost", k).state for k in range(8)}
+    assert states == {k: "running" if k in (2, 5) else "done" for k in range(8)}
+    with pytest.raises(EffectInDoubt):
+        app.effects.run("lost-one", 1, lambda idem: (_ for _ in ()).throw(EffectInDoubt("?")),
+                        policy=policy, lease=1.5)
+    assert app.effects.get("lost-one", 1).state == "running"
+    time.sleep(1.6)
+    assert {i.key for i in app.effects.in_doubt("lost")} == {"2", "5"}
+    assert [i.key for i in app.effects.in_doubt("lost-one")] == ["1"]
+    again = app.effects.run_many("lost", range(8), send, policy=policy)
+    if policy == AT_MOST_ONCE:  # never redone until an operator says
+        assert (again.done, again.skipped["in_doubt"], again.skipped["done"]) == (0, 2, 6)
+        assert sorted(Counter(calls).values()) == [1] * 8
+    else:  # redone after the lease, and left in doubt again
+        assert (again.done, again.left_in_doubt, again.skipped["done"]) == (0, ("2", "5"), 6)
+
+
 def test_keys_given_back_late_and_claimed_anew_still_count_as_redone(app: App) -> None:
     """At least once, two entries in doubt redone by one chunk whose first fn outlasts the
     lease's margin: the second key is given back and claimed anew (as pending, now); it

@@ -15,7 +15,7 @@ EXPECTED = {
     "LeaseLost", "NoFreeSlot", "PartitionConflict", "PartitionLease", "PartitionSetNotFound",
     "Partitions", "SlotInfo", "partition_of", "slot_predicate",
     # effects
-    "AT_LEAST_ONCE", "AT_MOST_ONCE", "EffectClaim", "EffectInfo", "EffectNotFound",
+    "AT_LEAST_ONCE", "AT_MOST_ONCE", "EffectClaim", "EffectInfo", "EffectInDoubt", "EffectNotFound",
     "EffectOutcome", "Effects", "EffectsOutcome", "LockTimeout",
     # the service: job filters and actions on all matching, queue stats and pauses, tokens, audit
     "JobFilter", "CountChanged", "QueueStats", "QueuePause", "Tokens", "TokenInfo", "TokenNotFound", "Audit",

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import failpoints, validate
 from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
-from .errors import EffectNotFound, InvalidOption, InvalidTransition
+from .errors import EffectInDoubt, EffectNotFound, InvalidOption, InvalidTransition
 from .events import Event, emit
 from .models import EffectInfo
 from .owner import default_owner
@@ -127,11 +127,14 @@ class EffectsOutcome:
     seconds: float
     held: tuple[str, ...] = ()
     late: tuple[str, ...] = ()
+    left_in_doubt: tuple[str, ...] = ()
+    """Keys whose ``fn`` raised EffectInDoubt (it may have happened): left claimed, in doubt
+    once the chunk's lease runs out."""
 
     @property
     def ran(self) -> int:
         """How many times ``fn`` was called."""
-        return self.done + len(self.failed) + len(self.overtaken)
+        return self.done + len(self.failed) + len(self.overtaken) + len(self.left_in_doubt)
 
     @property
     def per_second(self) -> float:
@@ -144,6 +147,7 @@ class EffectsOutcome:
                 f"({self.redone} redone), skipped {skipped}, {len(self.failed)} failed, "
                 f"{len(self.overtaken)} overtaken, "
                 + (f"{len(self.late)} late, " if self.late else "")
+                + (f"{len(self.left_in_doubt)} left in doubt, " if self.left_in_doubt else "")
                 + f"{self.seconds:.2f}s "
                 f"({self.per_second:.0f} effects/s)")
 
@@ -158,6 +162,7 @@ class _Tally:
     overtaken: list[str] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     late: list[str] = field(default_factory=list)
+    left_in_doubt: list[str] = field(default_factory=list)
 
 
 class _NotRun(InvalidOption):
@@ -259,6 +264,11 @@ class Effects:
             call = functools.partial(_call, fn, claim.idempotency_key)
             # (with conn=, a failing fn's writes leave your transaction with it)
             result = call() if conn is None else self.app.backend.callers_savepoint(conn, call)
+        except EffectInDoubt:
+            # (left claimed: in doubt once its lease runs out, as if the process had died here)
+            emit(Event.EFFECT_LEFT_IN_DOUBT, "an effect whose outcome is unknown was left in doubt",
+                 scope=claim.scope, keys=1)
+            raise
         except BaseException as exc:
             try:
                 claim.release(validate.exception_text(exc))
@@ -355,7 +365,8 @@ class Effects:
             redone=tally.redone,
             skipped={why: tally.skipped[why] for why in ("done", "running", "in_doubt")},
             failed=tally.failed, overtaken=tuple(tally.overtaken),
-            seconds=time.monotonic() - started, held=tuple(tally.held), late=tuple(tally.late))
+            seconds=time.monotonic() - started, held=tuple(tally.held), late=tuple(tally.late),
+            left_in_doubt=tuple(tally.left_in_doubt))
 
     def _chunk(self, scope: str, keys: builtins.list[str], fn: Callable[[str], Any], policy: str,
                owner: str, lease: float, wait: float, conn: Any,
@@ -381,6 +392,7 @@ class Effects:
         done: builtins.list[tuple[str, int, str | None]] = []
         failed: builtins.list[tuple[str, int, str]] = []
         late: builtins.list[tuple[str, int, str]] = []
+        doubt: builtins.list[str] = []  # (fn raised EffectInDoubt: neither done nor released)
         try:
             for n, (key, token, _) in enumerate(todo):
                 if deadline is not None and time.monotonic() >= deadline:
@@ -391,6 +403,10 @@ class Effects:
                     result = call() if conn is None else backend.callers_savepoint(conn, call)
                 except _NotRun:
                     raise
+                except EffectInDoubt:
+                    doubt.append(key)
+                    tally.left_in_doubt.append(key)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - recorded for its key; the run goes on
                     error = validate.exception_text(exc)
                     failed.append((key, token, error))
@@ -401,16 +417,20 @@ class Effects:
                     failpoints.hit("effect.after_fn")
         except BaseException as exc:
             # KeyboardInterrupt, SystemExit: keep what returned, give the rest back, stop.
-            ended = {k for k, _, _ in done} | {k for k, _, _ in failed}
+            ended = {k for k, _, _ in done} | {k for k, _, _ in failed} | set(doubt)
             note = NOT_RUN if isinstance(exc, _NotRun) else f"interrupted: {type(exc).__name__}"
             failed += [(k, t, note) for k, t, _ in todo if k not in ended]
             try:
-                backend.effect_finish_many(scope, chunk, done, failed, conn=conn)
+                backend.effect_finish_many(scope, chunk, done, failed, conn=conn, left=len(doubt))
             except Exception:  # noqa: BLE001 - the lease will put them in doubt instead
                 emit(Event.EFFECT_RELEASE_ERROR, "could not finish a chunk of effects after "
                      "an interruption", exc_info=True)
             raise
-        marked, _ = backend.effect_finish_many(scope, chunk, done, failed + late, conn=conn)
+        marked, _ = backend.effect_finish_many(scope, chunk, done, failed + late, conn=conn,
+                                               left=len(doubt))
+        if doubt:
+            emit(Event.EFFECT_LEFT_IN_DOUBT, "effects whose outcome is unknown were left in doubt",
+                 scope=scope, keys=len(doubt))
         failpoints.hit("effect.after_chunk")
         if late:
             emit(Event.EFFECT_LATE, "a chunk's lease ran short: its unstarted keys were given "

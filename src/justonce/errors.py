@@ -99,6 +99,14 @@ class EffectNotFound(JustonceError, LookupError):
     """No effect-ledger entry for that (scope, key)."""
 
 
+class EffectInDoubt(JustonceError):
+    """Raise it from an effect's function when the effect may have happened and you cannot
+    tell (the request went out and its answer was lost): the entry is left in doubt, as if
+    the process had died there, instead of released to be done again. Under at most once it
+    waits for an operator's verdict; under at least once the next claim after its lease
+    redoes it."""
+
+
 class LeaseLost(JustonceError):
     """A partition lease is no longer this holder's: another process took the slot (its
     token is newer), so writes fenced by the old token are refused."""

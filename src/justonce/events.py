@@ -143,6 +143,9 @@ class Event(StrEnum):
     EFFECT_LATE = ("effect.late", WARNING, "justonce.effects",
                    "Claims whose lease (nearly) ran out before their fn started were given back "
                    "unstarted (the process was paused, or a chunk outlasted its lease).")
+    EFFECT_LEFT_IN_DOUBT = ("effect.left_in_doubt", WARNING, "justonce.effects",
+                            "Effects whose fn raised EffectInDoubt (they may have happened) were "
+                            "left claimed: in doubt once their lease runs out.")
     # -- metrics ------------------------------------------------------------------------
     METRICS_STARTED = ("metrics.started", INFO, "justonce.metrics",
                        "The worker's metrics are served (host, port, path).")

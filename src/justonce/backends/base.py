@@ -263,11 +263,12 @@ class Backend(Protocol):
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None) -> tuple[set[str], set[str]]:
+                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
         """Atomically: chunk ``chunk``'s ``done`` claims (key, token, result JSON) running →
         done, its ``failed`` ones (key, token, error) running → pending, each fenced by its
         token and the chunk. (Keys marked done, keys released); a key in neither had its
-        claim taken over."""
+        claim taken over. ``left`` keys of the chunk are neither: the chunk keeps them until
+        its lease runs out (then they are in doubt)."""
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:

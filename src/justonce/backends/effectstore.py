@@ -145,7 +145,7 @@ class EffectOps:
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None) -> tuple[set[str], set[str]]:
+                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
         """In one transaction: mark done the ``done`` claims (key, token, result JSON) of
         chunk ``chunk`` and release the ``failed`` ones (key, token, error), each fenced by
         its token and the chunk. Returns (keys marked done, keys released); a key in
@@ -162,25 +162,34 @@ class EffectOps:
         with the others. The finish refuses (AssertionError) a key given twice, and a
         chunk that still holds more entries than the done mark is for; it cannot tell a
         key left out while another was taken over meanwhile (the count matches), which
-        is why the contract is the caller's."""
+        is why the contract is the caller's.
+
+        ``left``: how many claimed keys are in neither (their function raised
+        EffectInDoubt): the done keys are then marked on their own entries and the chunk's
+        row is not marked at all, so it keeps holding those keys until its lease runs out,
+        and they are in doubt from then on, as if the process had died there."""
         if not done and not failed:
-            return set(), set()
+            return set(), set()  # (nothing to mark: a chunk of keys left in doubt stays as it is)
         if len({k for k, _, _ in done} | {k for k, _, _ in failed}) != len(done) + len(failed):
             raise AssertionError(f"chunk {chunk}: a key finished twice")
         # The done claims the chunk's row marks together (all of them, when they share one
         # result); the rest are marked on their own entries.
-        together = done if len({r for _, _, r in done}) <= 1 else []
+        together = done if not left and len({r for _, _, r in done}) <= 1 else []
         each = [(k, t, r, None) for k, t, r in done if not together] + [(k, t, None, e) for k, t, e in failed]
-        return self.d.tx(conn, lambda c: self._finish(c, scope, chunk, sorted(each), together))
+        return self.d.tx(conn, lambda c: self._finish(c, scope, chunk, sorted(each), together,
+                                                      close=not left))
 
     def _finish(self, c: Any, scope: str, chunk: int,
                 rows: Sequence[tuple[str, int, str | None, str | None]],
-                together: Sequence[tuple[str, int, str | None]]) -> tuple[set[str], set[str]]:
+                together: Sequence[tuple[str, int, str | None]],
+                close: bool = True) -> tuple[set[str], set[str]]:
         out = []
         for piece in _pieces(rows, self.d.statement_bytes):
             out += self.d.finish_effects(c, scope, chunk, piece)
         marked = {k for k, state in out if state == "done"}
         released = {k for k, state in out if state == "pending"}
+        if not close:  # (keys left in doubt: the chunk holds them until its lease runs out)
+            return marked, released
         result = together[0][2] if together else None
         closed = self.d.rows(c, "effect_chunk_done", {"chunk": chunk, "scope": scope, "result": result})
         if closed:

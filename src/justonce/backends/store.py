@@ -454,8 +454,8 @@ class Store:
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None) -> tuple[set[str], set[str]]:
-        return self.effects.effect_finish_many(scope, chunk, done, failed, conn)
+                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
+        return self.effects.effect_finish_many(scope, chunk, done, failed, conn, left)
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
                     conn: Any = None) -> bool:
