@@ -483,3 +483,49 @@ def test_a_demo_killed_with_sigkill_leaves_no_worker_running(tmp_path: Path, dem
     for p in left:
         os.kill(p, 9)
     assert not left, f"workers still running after the demo was killed: {left}"
+
+
+def test_a_send_whose_reply_is_lost_after_data_is_in_doubt_and_an_idle_drop_is_resent_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mail server that took a message and then lost the connection before its reply:
+    the demo's sender sent it again on a fresh connection (every such user got two emails).
+    Now that send raises EffectInDoubt (the ledger leaves the user in doubt); only a
+    connection found closed before the message went out is replaced and the send made."""
+    import threading
+    from collections import Counter
+
+    from aiosmtpd.controller import Controller
+
+    from justonce import EffectInDoubt
+    from justonce.demo.mail import SMTP_ENV, ThreadSMTP, free_port
+
+    got: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    class Handler:
+        async def handle_DATA(self, server: object, session: object, envelope: object) -> str:
+            rcpts = envelope.rcpt_tos  # type: ignore[attr-defined]
+            with lock:
+                got.update(rcpts)
+            if "drop@example.test" in rcpts:
+                server.transport.abort()  # type: ignore[attr-defined]  # took it, then gone
+            return "250 OK"
+
+    port = free_port()
+    controller = Controller(Handler(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        monkeypatch.setenv(SMTP_ENV, f"127.0.0.1:{port}")
+        smtp = ThreadSMTP()
+        smtp.send("a@example.test", b"Subject: a\r\n\r\na\r\n")
+        with pytest.raises(EffectInDoubt, match="after DATA"):
+            smtp.send("drop@example.test", b"Subject: b\r\n\r\nb\r\n")
+        smtp.send("c@example.test", b"Subject: c\r\n\r\nc\r\n")  # (a fresh connection)
+        # The server closes the idle connection: the next send goes out once, on a new one.
+        smtp._local.smtp.sock.shutdown(socket.SHUT_RDWR)
+        smtp.send("d@example.test", b"Subject: d\r\n\r\nd\r\n")
+        time.sleep(0.2)
+        assert dict(got) == {"a@example.test": 1, "drop@example.test": 1, "c@example.test": 1,
+                             "d@example.test": 1}
+    finally:
+        controller.stop()

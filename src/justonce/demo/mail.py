@@ -22,7 +22,7 @@ from email.parser import BytesHeaderParser
 from typing import Any
 
 from .. import validate
-from ..errors import InvalidOption
+from ..errors import EffectInDoubt, InvalidOption
 
 SMTP_ENV = "JUSTONCE_DEMO_SMTP"
 SENDER = "pushes@justonce.example"
@@ -76,17 +76,43 @@ class ThreadSMTP:
         return conn
 
     def send(self, to: str, message: bytes) -> None:
-        """Send on this thread's connection. Only a connection found closed before sending
-        is retried (on a fresh one): a failure later in the exchange may come after the
-        server took the message, and is left to the effect ledger (the send fails)."""
+        """Send on this thread's connection (the steps of ``sendmail``, one by one). A
+        connection found closed before the message went out (the server dropped it while it
+        was idle) is replaced and the envelope sent again: nothing of this message was
+        taken. A failure once DATA was sent may come after the server took the message (it
+        queued it, then the connection broke before its reply): that raises EffectInDoubt,
+        and the ledger leaves the user in doubt rather than send again. (Retrying there sent
+        every such user a second email.)"""
         try:
-            self._conn().sendmail(SENDER, [to], message)
-        except smtplib.SMTPServerDisconnected:
+            conn = self._envelope(self._conn(), to)
+        except (smtplib.SMTPServerDisconnected, ConnectionError):
             self._local.smtp = None
-            self._conn().sendmail(SENDER, [to], message)
+            conn = self._envelope(self._conn(), to)
         except OSError:
             self._local.smtp = None
             raise
+        try:
+            code, reply = conn.data(message)
+        except (smtplib.SMTPServerDisconnected, OSError) as exc:
+            self._local.smtp = None
+            raise EffectInDoubt(f"the connection to the mail server broke after DATA ({exc!r}): "
+                                "it may have taken the message") from exc
+        if code != 250:
+            conn.rset()
+            raise smtplib.SMTPDataError(code, reply)
+
+    @staticmethod
+    def _envelope(conn: smtplib.SMTP, to: str) -> smtplib.SMTP:
+        conn.ehlo_or_helo_if_needed()
+        code, reply = conn.mail(SENDER)
+        if code != 250:
+            conn.rset()
+            raise smtplib.SMTPSenderRefused(code, reply, SENDER)
+        code, reply = conn.rcpt(to)
+        if code not in (250, 251):
+            conn.rset()
+            raise smtplib.SMTPRecipientsRefused({to: (code, reply)})
+        return conn
 
 
 # -- the demo's own SMTP server ------------------------------------------------------------------

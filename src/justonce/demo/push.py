@@ -172,6 +172,7 @@ def _run(url: str, opts: Options, out: Console) -> bool:
         _send(run, queue, opts, procs, out, recorder)
     finally:
         stop_workers(procs)
+    _settle(run)
     if recorder is not None:
         _reconcile(run, recorder, address, out, opts.redo)
         time.sleep(0.2)
@@ -427,6 +428,17 @@ def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None
     return None
 
 
+def _settle(run: Run) -> None:
+    """Wait for the chunk leases still running to run out: a send whose outcome is unknown
+    (the mail server's connection broke after DATA) leaves its user claimed by its chunk
+    until that chunk's lease ends, and in doubt from then on; the report counts it then."""
+    from .push_app import CHUNK_LEASE
+
+    deadline = time.monotonic() + CHUNK_LEASE + 5
+    while app.effects.counts(run.scope).get("running", 0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _reconcile(run: Run, recorder: Recorder, address: str, out: Console, redo: bool) -> None:
     """What an operator does with the entries in doubt, done with the demo server's log: an
     entry whose message the server accepted (its Message-ID is the idempotency key) was
@@ -443,8 +455,9 @@ def _reconcile(run: Run, recorder: Recorder, address: str, out: Console, redo: b
     app.effects.resolve_many(run.scope, run.delivered_in_doubt, done=True,
                              note="delivered: the SMTP server's log has its Message-ID")
     if doubt:
-        out.print(f"in doubt after the run: {len(doubt)} (a worker died between its sends and their done "
-                  f"mark); the SMTP server's log has {len(delivered)} of them (resolved done), "
+        out.print(f"in doubt after the run: {len(doubt)} (a worker died between its sends and their "
+                  f"done mark, or the mail server's connection broke after DATA); the SMTP "
+                  f"server's log has {len(delivered)} of them (resolved done), "
                   f"{len(run.never_sent)} were never sent")
     if not redo or not run.never_sent:
         return

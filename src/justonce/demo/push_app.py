@@ -130,6 +130,7 @@ def send_push_slot(predicate: str, slot: int, n: int, push_id: int, phase: str) 
         for f in futures:
             outcome, rows = f.result()
             totals["sent"] += outcome.done
+            totals["left_in_doubt"] += len(outcome.left_in_doubt)  # (the mail server's answer lost)
             for why, count in outcome.skipped.items():
                 totals[f"skipped_{why}"] += count
             by_key = {str(r[0]): r for r in rows}
