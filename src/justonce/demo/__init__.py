@@ -3,10 +3,12 @@ helpers they share: a plain connection to the demo's database, and stopping work
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -128,6 +130,30 @@ class MySQLConnection:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def broken(conn: Any) -> bool:
+    """Whether a demo connection was lost (the server ended it, or the network broke): every
+    statement on it fails from then on, so it is replaced, not kept (a thread that kept its
+    lost connection failed each job it ran until their attempts ran out)."""
+    if isinstance(conn, sqlite3.Connection):
+        return False
+    if isinstance(conn, MySQLConnection):
+        return not conn.conn.open
+    return bool((conn.conn if isinstance(conn, BouncedPostgres) else conn).closed)
+
+
+def thread_connection(local: threading.local, url: str) -> Any:
+    """This thread's demo connection to ``url``: made on first use, and made again when the
+    one it had was lost."""
+    conn = getattr(local, "conn", None)
+    if conn is not None and broken(conn):
+        with contextlib.suppress(Exception):
+            conn.close()
+        conn = None
+    if conn is None:
+        conn = local.conn = connect(url)
+    return conn
 
 
 def dialect(conn: Any) -> str:

@@ -29,7 +29,7 @@ from ..app import App
 from ..backends import redact_url
 from ..tasks import Enqueue
 from ..types import JobState
-from . import connect, exit_with_parent, stop_workers, worker_env
+from . import broken, connect, exit_with_parent, stop_workers, thread_connection, worker_env
 
 app = App(strict=True)
 exit_with_parent()  # (in a worker the demo started: stop once the demo is gone)
@@ -42,10 +42,7 @@ LEDGER_DDL = (
 
 
 def _ledger() -> Any:
-    conn = getattr(_local, "conn", None)
-    if conn is None:
-        conn = _local.conn = connect(app.database_url)
-    return conn
+    return thread_connection(_local, app.database_url)
 
 
 @app.task(name="demo.record", queue="demo", max_attempts=5)
@@ -107,6 +104,8 @@ def run_demo(database_url: str | None, n_jobs: int, workers: int, kill_one: bool
 
     counts = {c.state: c.count for c in app.queue_counts() if c.queue == queue}
     succeeded = counts.get(JobState.SUCCEEDED, 0)
+    if broken(conn):  # (lost meanwhile: the report reads on a new one)
+        conn = connect(url)
     ph = "?" if isinstance(conn, sqlite3.Connection) else "%s"
     executions, distinct = conn.execute(
         f"SELECT count(*), count(DISTINCT n) FROM justonce_demo_runs WHERE run = {ph}", (run,)

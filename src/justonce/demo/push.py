@@ -30,13 +30,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..backends import redact_url
+from ..errors import DatabaseUnavailable
 from ..models import EffectInfo
 from ..owner import owner_pid
 from ..tasks import Enqueue
@@ -44,6 +45,8 @@ from . import connect, stop_workers, worker_env
 from .mail import SMTP_ENV, Ceiling, Recorder, ThreadSMTP, measure_ceiling, render, start_smtp
 from .push_app import SENDERS_ENV, WINNER, app, send_push_email, send_push_slot
 from .push_data import VARIANTS, create_push, create_schema, list_members, load_users, save_ab, save_reached
+
+T = TypeVar("T")
 
 AB_SIZE = 1000
 KILL_AT = 0.4
@@ -311,7 +314,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
         while True:
             if time.perf_counter() - counted_at >= pause:
                 t = counted_at = time.perf_counter()
-                done = app.effects.counts(run.scope).get("done", 0)
+                done = _again(lambda: app.effects.counts(run.scope)).get("done", 0)
                 # A count reads every entry of the Push, and the database's CPU is shared
                 # with the sending: keep the counts to ~2.5 % of one core of it. (Counting
                 # at least every 2 s, as before, took 6-15 % of a core of MariaDB on a
@@ -339,7 +342,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                     if run.killed is not None:
                         # Counted after the kill, not before the look that chose the victim
                         # (seconds of sends later on a busy database).
-                        marked = app.effects.counts(run.scope).get("done", 0)
+                        marked = _again(lambda: app.effects.counts(run.scope)).get("done", 0)
                         at = (f"{recorder.received(str(run.push_id)):,} emails received by the "
                               "server, " if recorder is not None else "")
                         bar.console.print(f"killed worker pid {run.killed} with SIGKILL: {at}{marked:,} "
@@ -351,7 +354,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
             # up to 2 s late on a big list, which the sending time would have counted.
             if time.perf_counter() - looked_at >= look:
                 t = looked_at = time.perf_counter()
-                live = _live_jobs(queue)
+                live = _again(lambda: _live_jobs(queue))
                 look = min(1.0, max(0.1, 20 * (time.perf_counter() - t)))
                 if live == 0 and run.rest_enqueued is None:
                     # The A/B jobs ended before enough of their emails were marked sent
@@ -359,7 +362,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                     _start_rest(run, queue, opts, bar.console)
                 elif live == 0:
                     run.elapsed = t - t1
-                    run.sent = app.effects.counts(run.scope).get("done", 0)
+                    run.sent = _again(lambda: app.effects.counts(run.scope)).get("done", 0)
                     bar.update(task, completed=run.sent)
                     break
             if all(p.poll() is not None for p in procs):
@@ -367,6 +370,20 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                 break
             time.sleep(0.05 if opts.kill_one and run.killed is None else 0.1)
     run.elapsed = run.elapsed or time.perf_counter() - t1
+
+
+def _again(read: Callable[[], T]) -> T:
+    """A read of the demo's watch loop, tried again for a minute while the database is away
+    (its connections were ended, say): the workers go on meanwhile, and one lost connection
+    ended the demo with the Push half sent."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return read()
+        except DatabaseUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _start_rest(run: Run, queue: str, opts: Options, console: Console) -> None:

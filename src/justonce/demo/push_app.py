@@ -30,7 +30,7 @@ from typing import Any
 from ..app import App
 from ..effects import EffectsOutcome
 from ..retry import Backoff
-from . import BouncedPostgres, connect, dialect, exit_with_parent
+from . import BouncedPostgres, broken, dialect, exit_with_parent, thread_connection
 from .mail import ThreadSMTP, render
 from .push_data import criteria_sql, load_push, sql
 
@@ -61,21 +61,20 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def _db() -> Any:
-    conn = getattr(_local, "db", None)
-    if conn is None:
-        conn = _local.db = connect(app.database_url)
-        if dialect(conn) == "postgres" and not isinstance(conn, BouncedPostgres):
-            # The slot scan's window query, as psycopg prepares it after five runs, got a
-            # generic plan: one that cannot see the window's bounds or the list's numbers,
-            # expects one user per window and may then read all of R for each user it finds
-            # (1.6-7x the scan's CPU on the server, measured at 2,000,000 and 10,000,000 users). A plan
-            # made for each window's own values costs well under a millisecond. And no
-            # parallel workers: the slots are the parallelism (a worker process started
-            # for each window cost the server ~25 % more CPU on two cores). Through
-            # PgBouncer nothing is prepared, and a session setting would outlive the
-            # transaction on a shared server connection: left as they are.
-            conn.execute("SET plan_cache_mode = force_custom_plan")
-            conn.execute("SET max_parallel_workers_per_gather = 0")
+    fresh = getattr(_local, "conn", None) is None or broken(_local.conn)
+    conn = thread_connection(_local, app.database_url)
+    if fresh and dialect(conn) == "postgres" and not isinstance(conn, BouncedPostgres):
+        # The slot scan's window query, as psycopg prepares it after five runs, got a
+        # generic plan: one that cannot see the window's bounds or the list's numbers,
+        # expects one user per window and may then read all of R for each user it finds
+        # (1.6-7x the scan's CPU on the server, measured at 2,000,000 and 10,000,000 users). A plan
+        # made for each window's own values costs well under a millisecond. And no
+        # parallel workers: the slots are the parallelism (a worker process started
+        # for each window cost the server ~25 % more CPU on two cores). Through
+        # PgBouncer nothing is prepared, and a session setting would outlive the
+        # transaction on a shared server connection: left as they are.
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+        conn.execute("SET max_parallel_workers_per_gather = 0")
     return conn
 
 
