@@ -1043,6 +1043,40 @@ def test_a_key_taken_after_your_snapshot_began_is_its_holder_or_a_clear_error(ta
         conn.close()
 
 
+def test_a_conn_whose_session_the_server_ended_gives_database_unavailable(tapp: App, db_url: str) -> None:
+    """The server ends your session (a restart, an operator's kill, a failover): calls on
+    that connection let the driver's error out (pymysql OperationalError 2013, psycopg
+    AdminShutdown), which code that retries on DatabaseUnavailable missed."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("no server session to end")
+    import proc_app
+
+    calls = (lambda c: tapp.enqueue("add", [1, 2], conn=c),
+             lambda c: tapp.enqueue("add", [1, 2], key="k", conn=c),
+             lambda c: tapp.enqueue_many([Enqueue("add", args=(1, 2))], conn=c),
+             lambda c: tapp.batches.open("b", conn=c),
+             lambda c: tapp.effects.run("s", 1, lambda idem: None, conn=c),
+             lambda c: lease.fence(c),
+             lambda c: tapp.cancel(1, conn=c))
+    lease = tapp.partitions.acquire("gone", 1, lease=30)
+    killer = proc_app.ledger_connect(db_url)
+    try:
+        for call in calls:
+            conn = proc_app.ledger_connect(db_url)
+            if db_url.startswith("mysql"):
+                killer.execute("KILL %s", (conn.thread_id(),))
+            else:
+                killer.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            time.sleep(0.1)
+            with pytest.raises(DatabaseUnavailable, match="run (your transaction|it) again"):
+                call(conn)
+            conn.close()
+        assert tapp.queue_counts() == [] and tapp.effects.list("s") == []
+    finally:
+        killer.close()
+        lease.release()
+
+
 def test_a_refused_conn_leaves_the_callers_postgres_transaction_usable(tapp: App, db_url: str) -> None:
     """The check of a caller's connection reads nothing that can fail: an error there
     ended the caller's whole transaction (the README promises a refused call leaves the

@@ -218,10 +218,18 @@ def _aware(value: Any) -> datetime | None:
 @contextlib.contextmanager
 def _callers_errors() -> Iterator[None]:
     """The server's errors on your connection, as justonce's: a deadlock (your whole
-    transaction was rolled back: run it again) and a lock wait past its timeout."""
+    transaction was rolled back: run it again), a lock wait past its timeout, and a lost
+    connection (the server ended the session, or the network broke: what your transaction
+    wrote is gone; reconnect and run it again)."""
     try:
         yield
+    except pymysql.err.InterfaceError as exc:
+        raise DatabaseUnavailable(f"MySQL: your connection is closed ({exc!r}): reconnect and "
+                                  "run your transaction again") from exc
     except pymysql.err.OperationalError as exc:
+        if _code(exc) in GONE:
+            raise DatabaseUnavailable(f"MySQL: your connection was lost ({exc.args[-1]}): reconnect "
+                                      "and run your transaction again") from exc
         if _code(exc) == DEADLOCK:
             raise DatabaseUnavailable(
                 "MySQL chose your transaction as a deadlock victim and rolled it back whole: "
@@ -660,7 +668,8 @@ class MySQLDialect(Dialect):
                                 f"not {conn.charset!r}")
         self._ensure_schema()
         if id(conn) not in self._own:
-            self.same_database(conn)
+            with _callers_errors():  # (the check's read is the first to find a lost session)
+                self.same_database(conn)
         return conn
 
     @staticmethod
@@ -699,7 +708,8 @@ class MySQLDialect(Dialect):
         if conn is None:
             return self._own_tx(fn)
         c = self._caller_connection(conn)
-        level = "READ-COMMITTED" if id(c) in self._own else self._isolation(c)
+        with _callers_errors():
+            level = "READ-COMMITTED" if id(c) in self._own else self._isolation(c)
         if level != "READ-COMMITTED":
             raise InvalidOption(
                 "batch operations on your connection need READ COMMITTED isolation (each "

@@ -516,9 +516,10 @@ class PostgresDialect(Dialect):
                                 "it back before using the connection again")
         self._ensure_schema()
         if id(conn) not in self._own:
-            self.same_database(conn, f" (with ?schema={self.schema}, the connection's search_path "
-                                     "must find justonce's tables in that schema first)"
-                               if self.schema else "")
+            with self._callers_errors():  # (the check's read is the first to find a lost session)
+                self.same_database(conn, f" (with ?schema={self.schema}, the connection's "
+                                         "search_path must find justonce's tables in that schema "
+                                         "first)" if self.schema else "")
         return conn
 
     @contextmanager
@@ -536,6 +537,15 @@ class PostgresDialect(Dialect):
             raise DatabaseUnavailable(
                 f"PostgreSQL: {str(exc).splitlines()[0]} ({exc.sqlstate}): roll your transaction "
                 "back and run it again from its start") from exc
+        except psycopg.errors.LockNotAvailable as exc:
+            raise LockTimeout(f"PostgreSQL: {str(exc).splitlines()[0]}") from exc
+        except psycopg.OperationalError as exc:
+            # The session ended (the server shut it down, the network broke) or your own
+            # statement_timeout: what your transaction wrote is gone.
+            raise DatabaseUnavailable(
+                f"PostgreSQL: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}: "
+                "your transaction is gone: reconnect if the connection is closed, and run it "
+                "again") from exc
         except psycopg.errors.UndefinedTable as exc:
             if self.schema is None:
                 raise
@@ -549,8 +559,9 @@ class PostgresDialect(Dialect):
         if conn is None:
             return self.on(None, fn, atomic=True)
         c = self._caller_connection(conn)
-        level = ("read committed",) if id(c) in self._own else c.execute(
-            "SHOW transaction_isolation").fetchone()
+        with self._callers_errors():
+            level = ("read committed",) if id(c) in self._own else c.execute(
+                "SHOW transaction_isolation").fetchone()
         if level is None or level[0] != "read committed":
             raise InvalidOption(
                 "batch operations on your connection need READ COMMITTED isolation (each "
