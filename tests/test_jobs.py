@@ -1360,3 +1360,31 @@ def test_a_sqlite_path_through_a_symlink_and_dotdot_names_the_file_the_kernel_do
     conn.commit()
     conn.close()
     app.close()
+
+
+def test_connections_of_ours_give_up_on_a_server_gone_silent_within_a_minute(tapp: App, db_url: str) -> None:
+    """A server host that vanishes without a FIN or RST (a paused VM, a failover) left
+    workers, producers and the service waiting on their sockets for the kernel's limits
+    (~15 min, over 2 h idle). Every TCP connection of ours has keepalives after 10 s and a
+    30 s limit on unacknowledged data (the URL's own libpq settings win on Postgres)."""
+    import socket
+
+    if db_url.startswith("sqlite"):
+        pytest.skip("a file, no socket")
+    with tapp.backend.transaction() as c:
+        if db_url.startswith("mysql"):
+            s = c._sock
+            got = (s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0,
+                   s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                   s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+        else:
+            info = {o.keyword.decode(): (o.val or b"").decode() for o in c.pgconn.info}
+            got = (info["keepalives"] == "1", int(info["keepalives_idle"]), int(info["tcp_user_timeout"]))
+    assert got == (True, 10, 30_000)
+    if db_url.startswith("postgres"):
+        mine = App(db_url + ("&" if "?" in db_url else "?") + "keepalives_idle=60")
+        try:
+            assert "keepalives_idle" not in mine.backend.d._kwargs  # type: ignore[attr-defined]
+            assert mine.backend.d._kwargs["tcp_user_timeout"] == 30_000  # type: ignore[attr-defined]
+        finally:
+            mine.close()

@@ -26,6 +26,7 @@ import math
 import queue
 import random
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -215,6 +216,22 @@ def _aware(value: Any) -> datetime | None:
     raise TypeError(f"not a time: {shown(value)}")
 
 
+def _keepalive(conn: pymysql.Connection) -> None:
+    """TCP keepalives after 10 s of silence and a 30 s limit on unacknowledged data, on a
+    TCP connection of ours: a server host that dies or drops off the network without a FIN
+    or RST (a VM paused, a failover) left every call waiting on its socket for the kernel's
+    own limits (~15 min, or over 2 h when idle); PyMySQL has no setting for it. A live
+    server answers keepalives from its kernel, however long its statement runs."""
+    sock = getattr(conn, "_sock", None)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", 30_000)):
+        if hasattr(socket, name):  # (Linux's; other systems keep their defaults)
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 @contextlib.contextmanager
 def _callers_errors() -> Iterator[None]:
     """The server's errors on your connection, as justonce's: a deadlock (your whole
@@ -343,6 +360,7 @@ class MySQLDialect(Dialect):
                 f"cannot connect to MySQL at {self._connect_kwargs['host']}:"
                 f"{self._connect_kwargs['port']}: {exc}") from exc
         try:
+            _keepalive(conn)
             self._set_up(conn)
         except pymysql.err.MySQLError as exc:
             try:

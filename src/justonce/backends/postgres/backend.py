@@ -197,6 +197,11 @@ def _prepare(name: str) -> bool | None:
     return False if name in PLANNED_EACH_TIME else None
 
 
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 3, "tcp_user_timeout": 30_000}
+"""libpq's TCP settings for every connection of ours (see PostgresDialect.__init__)."""
+
+
 class PostgresDialect(Dialect):
     """psycopg 3 with a psycopg_pool pool; every connection READ COMMITTED."""
 
@@ -217,6 +222,14 @@ class PostgresDialect(Dialect):
         self.connect_timeout = connect_timeout
         self.pgbouncer = pgbouncer_mode(extra)
         self._kwargs: dict[str, Any] = {"autocommit": True}
+        # A server host that dies or drops off the network without a FIN or RST (a VM paused,
+        # a failover) left every call waiting on its socket for the kernel's own limits:
+        # ~15 min for data not acknowledged, over 2 h idle (tcp_keepalive_time). Keepalives
+        # after 10 s of silence and a limit on unacknowledged data end such a wait in about
+        # 30 s with an error (then DatabaseUnavailable, and a new connection); a live server
+        # answers them from its kernel, however long its statement runs. Settings in the URL win.
+        given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        self._kwargs.update({k: v for k, v in KEEPALIVES.items() if k not in given})
         # The schema of every transaction we run, when it cannot be the connection's own.
         self._local_schema: str | None = None
         if self.pgbouncer:
