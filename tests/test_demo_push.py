@@ -529,3 +529,38 @@ def test_a_send_whose_reply_is_lost_after_data_is_in_doubt_and_an_idle_drop_is_r
                              "d@example.test": 1}
     finally:
         controller.stop()
+
+
+def test_a_demo_paused_past_its_lease_stops_instead_of_reading_tables_another_may_remake(
+        tmp_path: Path) -> None:
+    """A demo holds the database with a partition lease (10 s) while it runs; frozen past
+    it (SIGSTOP, a paused VM), another demo could take the database and remake its tables,
+    and the first, continued, went on reading them ("users never reached", the ledger and the
+    server disagreeing). It stops with one line now, its workers with it."""
+    import signal
+
+    env = dict(os.environ, COLUMNS="140")
+    env.pop("JUSTONCE_DATABASE_URL", None)
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    proc = subprocess.Popen([sys.executable, "-m", "justonce", "demo", "push", "--users", "20000",
+                             "--database-url", url], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("SMTP:"):
+                break
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(11)  # (past the demo's 10 s lease)
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=120)
+        out = "".join(lines) + out
+        assert proc.returncode == 1, out
+        assert "stopped: this demo's lease on the database ran out" in out, out
+        assert "Traceback" not in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

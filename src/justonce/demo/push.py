@@ -37,9 +37,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..backends import redact_url
-from ..errors import DatabaseUnavailable
+from ..errors import DatabaseUnavailable, LeaseLost
 from ..models import EffectInfo
 from ..owner import owner_pid
+from ..partitions import PartitionLease
 from ..tasks import Enqueue
 from . import connect, stop_workers, worker_env
 from .mail import SMTP_ENV, Ceiling, Recorder, ThreadSMTP, measure_ceiling, render, start_smtp
@@ -92,6 +93,8 @@ class Run:
     redone: int = 0
     busy_machine: bool = False
     """The machine was not quiet when the ceiling was measured (its number is low)."""
+    lease: PartitionLease | None = None
+    """This demo's hold on the database (no other demo remakes the tables while it runs)."""
 
     @property
     def scope(self) -> str:
@@ -117,7 +120,12 @@ def run_push_demo(database_url: str | None, opts: Options, out: Console) -> bool
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
     try:
-        return _run(url, opts, out)
+        return _run(url, opts, out, lease)
+    except LeaseLost as exc:
+        # (The renewals failed past the lease: another demo may have taken the database and
+        # remade its tables; nothing this run reads can be trusted any more.)
+        out.print(f"[red]stopped: {exc}[/red]")
+        return False
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
@@ -131,9 +139,20 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run(url: str, opts: Options, out: Console) -> bool:
+def _held(lease: PartitionLease) -> None:
+    """Stop unless this demo still holds its lease on the database (renewed in the
+    background): once lost, another demo may have remade the tables this one reads."""
+    if not lease.alive:
+        raise LeaseLost("this demo's lease on the database ran out (its renewals failed: the "
+                        "database was unreachable or busy); another `justonce demo push` may have "
+                        "remade its tables, so this run stops")
+
+
+def _run(url: str, opts: Options, out: Console, lease: PartitionLease) -> bool:
     conn = connect(url)
     run = _setup(conn, opts)
+    run.lease = lease
+    _held(lease)
     mode = "one job per user" if opts.per_user_jobs else f"{opts.workers} slot jobs per phase"
     out.print(f"[bold]justonce demo push[/bold]: {opts.users:,} users, list of {len(run.members):,} "
               f"(kitty lovers within 50 km of Sydney), {opts.workers} worker processes × "
@@ -176,6 +195,7 @@ def _run(url: str, opts: Options, out: Console) -> bool:
     finally:
         stop_workers(procs)
     _settle(run)
+    _held(lease)
     if recorder is not None:
         _reconcile(run, recorder, address, out, opts.redo)
         time.sleep(0.2)
@@ -368,6 +388,8 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
             if all(p.poll() is not None for p in procs):
                 out.print("[red]all workers exited[/red]")
                 break
+            if run.lease is not None:
+                _held(run.lease)
             time.sleep(0.05 if opts.kill_one and run.killed is None else 0.1)
     run.elapsed = run.elapsed or time.perf_counter() - t1
 
