@@ -141,8 +141,10 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def _held(lease: PartitionLease) -> None:
     """Stop unless this demo still holds its lease on the database (renewed in the
-    background): once lost, another demo may have remade the tables this one reads."""
-    if not lease.alive:
+    background): once lost, another demo may have remade the tables this one reads. Lost:
+    a renewal found it taken or expired, or none succeeded for twice the lease by this
+    process's clock (a renewal held up for a few seconds on a busy machine is no reason)."""
+    if lease.lost or not lease.alive_for(-lease.lease):
         raise LeaseLost("this demo's lease on the database ran out (its renewals failed: the "
                         "database was unreachable or busy); another `justonce demo push` may have "
                         "remade its tables, so this run stops")
