@@ -146,3 +146,64 @@ def test_after_a_restart_no_call_fails_on_a_dead_pooled_connection(cluster: Clus
         assert unavailable(app, 12) == 0
     finally:
         app.close()
+
+
+OUTAGE = 17.0
+"""How long the server stays down, counted from the first call that finds it gone. psycopg's
+pool retries a failed connection after ~1, 2, 4, 8, 16 s... (±10 %): from that call its
+tries fall ~15 s and ~31 s in. The server comes back ~17.5 s in, between the two: an
+uncapped backoff would leave the pool waiting ~10 s more, a capped one finds it in ~1 s."""
+
+
+def test_after_a_long_outage_the_app_and_a_worker_reconnect_within_seconds(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Stop the server for OUTAGE seconds under an App and a running worker process, both
+    of which find it gone. Once the server accepts connections again, a call through the
+    App succeeds within 3 s, and the worker runs newly queued jobs within 5 s: the pools
+    try again at least every second, whatever the outage's length."""
+    url = cluster.url
+    app = proc_app.app
+    app.use_database(url)
+    app.migrate()
+    proc_app.create_ledger(url)
+    fleet = Fleet(url, tmp_path)
+    try:
+        w = fleet.start(concurrency=2)
+        before = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(10))
+        wait_for(lambda: state_counts(app)["succeeded"] >= len(before), 30, "the first jobs to run")
+
+        cluster.stop("fast")
+        gone = time.monotonic()
+        # The App's pool finds its connections dead and starts reconnecting here (the
+        # worker's does within a heartbeat).
+        with pytest.raises(DatabaseUnavailable):
+            app.queue_counts()
+        time.sleep(max(0.0, gone + OUTAGE - time.monotonic()))
+        cluster.start()  # returns once the server accepts connections
+        back = time.monotonic()
+
+        failures = 0
+        while True:
+            try:
+                after = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(100, 110))
+                break
+            except DatabaseUnavailable:
+                failures += 1
+                if time.monotonic() - back > 30:
+                    raise
+                time.sleep(0.1)
+        app_lag = time.monotonic() - back
+        total = len(before) + len(after)
+        wait_for(lambda: state_counts(app)["succeeded"] == total, 30,
+                 f"all {total} jobs to succeed (now {dict(state_counts(app))})", interval=0.1)
+        worker_lag = time.monotonic() - back
+        print(f"outage {back - gone:.1f} s; the App's first call succeeded {app_lag:.2f} s after "
+              f"the server was back ({failures} failed); the worker's jobs done {worker_lag:.2f} s after")
+        assert app_lag < 3.0, f"the App reconnected {app_lag:.1f} s after the server was back"
+        assert worker_lag < 5.0, f"the worker ran new jobs {worker_lag:.1f} s after the server was back"
+        assert {n for n, _, _ in ledger(url)} == set(range(10)) | set(range(100, 110))
+        assert w.popen.poll() is None, "the worker died:\n" + w.tail()
+    finally:
+        fleet.kill_all()
+        app.close()

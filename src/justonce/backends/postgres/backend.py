@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import re
 import secrets
 import select
@@ -46,6 +47,7 @@ try:
     from psycopg import sql
     from psycopg.rows import dict_row, tuple_row
     from psycopg_pool import ConnectionPool, PoolTimeout
+    from psycopg_pool.pool import AddConnection, MaintenanceTask
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ConfigurationError(
         "the PostgreSQL backend needs psycopg 3: pip install 'justonce[postgres]'"
@@ -63,6 +65,32 @@ class _QuietPool(logging.Filter):
 
 
 logging.getLogger("psycopg.pool").addFilter(_QuietPool())
+
+RECONNECT_DELAY = 1.0
+"""The longest wait (seconds) between two tries of one of the pool's connections to reach
+a server that refused it (see _Pool)."""
+
+
+class _Pool(ConnectionPool):
+    """psycopg_pool's pool with its wait between connection tries capped at RECONNECT_DELAY.
+
+    The pool tries a failed connection again after ~1 s, then doubles the wait each time,
+    without a limit: a pool that lost its server for T seconds waited up to T more after
+    the server was back, every call meanwhile failing with DatabaseUnavailable after the
+    pool's timeout (a 92 s outage: +24-28 s; the service answered 503 for 62 s after a 63 s
+    one while a new process connected at once). A worker back late lost the results it
+    held to another worker that had expired its leases meanwhile, and their jobs ran again.
+    The pool has no setting for it; the one place every try is put off is schedule_task()
+    with an AddConnection, so the wait is capped there. The cost: each of the pool's
+    connections (pool_size) tries once a second while the server is away, a refused
+    connection or the server's own quick refusal."""
+
+    def schedule_task(self, task: MaintenanceTask, delay: float) -> None:
+        if isinstance(task, AddConnection):
+            # The try's own delay keeps doubling (it reaches inf after ~1000 tries, harmless:
+            # float overflow gives inf, not an error); only the wait it asks for is capped.
+            delay = min(delay, RECONNECT_DELAY)
+        super().schedule_task(task, delay)
 
 HERE = Path(__file__).parent
 Q = load_queries(HERE / "queries.sql")
@@ -268,10 +296,14 @@ class PostgresDialect(Dialect):
             with self._lock:
                 if self._pool is None:
                     first = self._first_connection()
-                    pool = ConnectionPool(
+                    # reconnect_timeout: a connection the pool failed to make for this long
+                    # is dropped for good (the pool's size shrinks by one, and it grows back
+                    # only when a call finds nothing to take). Never: a server away for
+                    # hours is tried every RECONNECT_DELAY until it is back.
+                    pool = _Pool(
                         self.conninfo, min_size=1, max_size=self.pool_size,
                         kwargs={**self._kwargs, "connect_timeout": int(self.connect_timeout)},
-                        open=False, timeout=self.connect_timeout, reconnect_timeout=3600,
+                        open=False, timeout=self.connect_timeout, reconnect_timeout=math.inf,
                         name="justonce", configure=_read_committed,
                     )
                     try:
