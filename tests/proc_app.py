@@ -200,6 +200,21 @@ def stall(n: int, seconds: float) -> int:
     return slow_record(n, seconds)
 
 
+@app.task
+def nap(n: int, seconds: float) -> int:
+    """Sleep and touch no database: the network test (tests/test_network_loss.py) cuts the
+    worker off its server, and a task's own connection is not what it tests."""
+    time.sleep(seconds)
+    return n
+
+
+@app.task(queue="netns")
+def nap_netns(n: int) -> int:
+    """A job on a queue of its own, which only the network test's cut-off worker serves:
+    it succeeds only once that worker has found its way back to the database."""
+    return n
+
+
 @app.task(max_attempts=3)
 def crash_worker() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
