@@ -47,11 +47,14 @@ try:
     from psycopg import sql
     from psycopg.rows import dict_row, tuple_row
     from psycopg_pool import ConnectionPool, PoolTimeout
-    from psycopg_pool.pool import AddConnection, MaintenanceTask
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ConfigurationError(
         "the PostgreSQL backend needs psycopg 3: pip install 'justonce[postgres]'"
     ) from exc
+try:  # (psycopg_pool's own names, 3.2 to 3.3: see _Pool)
+    from psycopg_pool.pool import AddConnection, MaintenanceTask
+except ImportError:  # pragma: no cover - a psycopg_pool that moved them: its own backoff then
+    AddConnection = MaintenanceTask = None  # type: ignore[assignment,misc]
 
 
 class _QuietPool(logging.Filter):
@@ -86,7 +89,7 @@ class _Pool(ConnectionPool):
     connection or the server's own quick refusal."""
 
     def schedule_task(self, task: MaintenanceTask, delay: float) -> None:
-        if isinstance(task, AddConnection):
+        if AddConnection is not None and isinstance(task, AddConnection):
             # The try's own delay keeps doubling (it reaches inf after ~1000 tries, harmless:
             # float overflow gives inf, not an error); only the wait it asks for is capped.
             delay = min(delay, RECONNECT_DELAY)
