@@ -8,7 +8,6 @@ bidi overrides are shown as escapes and never reach the terminal."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,6 @@ def wide_output(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(out, "width", 1000)
 
 
-@pytest.fixture
-def app(db_url: str) -> Iterator[App]:
-    a = App(db_url)
-    a.migrate()
-    yield a
-    a.close()
 
 
 def run(db_url: str, *args: str, code: int = 0) -> str:

@@ -32,6 +32,16 @@ def cluster() -> Iterator[Cluster]:
         c.destroy()
 
 
+def _app_and_fleet(url: str, tmp_path: Path) -> tuple[App, Fleet]:
+    """proc_app's App on the cluster, migrated, with its ledger table, and a Fleet of
+    worker processes for it."""
+    app = proc_app.app
+    app.use_database(url)
+    app.migrate()
+    proc_app.create_ledger(url)
+    return app, Fleet(url, tmp_path)
+
+
 @pytest.mark.parametrize("down", [0.0, 3.0], ids=["restart", "down_3s"])
 def test_postgres_restart_under_a_running_worker_it_reconnects_and_all_jobs_succeed(
     cluster: Cluster, tmp_path: Path, down: float
@@ -42,11 +52,7 @@ def test_postgres_restart_under_a_running_worker_it_reconnects_and_all_jobs_succ
     reconnects by itself, and every job queued before and after the restart ends
     succeeded, each in the ledger."""
     url = cluster.url
-    app = proc_app.app
-    app.use_database(url)
-    app.migrate()
-    proc_app.create_ledger(url)
-    fleet = Fleet(url, tmp_path)
+    app, fleet = _app_and_fleet(url, tmp_path)
     try:
         w = fleet.start(concurrency=2)
         before = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(100))
@@ -163,11 +169,7 @@ def test_after_a_long_outage_the_app_and_a_worker_reconnect_within_seconds(
     App succeeds within 3 s, and the worker runs newly queued jobs within 5 s: the pools
     try again at least every second, whatever the outage's length."""
     url = cluster.url
-    app = proc_app.app
-    app.use_database(url)
-    app.migrate()
-    proc_app.create_ledger(url)
-    fleet = Fleet(url, tmp_path)
+    app, fleet = _app_and_fleet(url, tmp_path)
     try:
         w = fleet.start(concurrency=2)
         before = app.enqueue_many(Enqueue(proc_app.record, args=(n,)) for n in range(10))

@@ -259,7 +259,10 @@ class PostgresDialect(Dialect):
         # after 10 s of silence and a limit on unacknowledged data end such a wait in about
         # 30 s with an error (then DatabaseUnavailable, and a new connection); a live server
         # answers them from its kernel, however long its statement runs. Settings in the URL win.
-        given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(self.conninfo)
+        except psycopg.Error:  # (libpq refuses it: the first connection says why, in one line)
+            given = {}
         self._kwargs.update({k: v for k, v in KEEPALIVES.items() if k not in given})
         # The schema of every transaction we run, when it cannot be the connection's own.
         self._local_schema: str | None = None
