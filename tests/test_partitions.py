@@ -278,6 +278,32 @@ def test_a_standby_waits_and_takes_the_slot_when_it_is_released(app: App) -> Non
     assert got and got[0].slot == 0 and got[0].token == 2
 
 
+def test_a_standby_waits_out_a_database_that_is_away(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """acquire() waits for a free slot for ever (timeout=None), but raised at the first
+    DatabaseUnavailable (a restart, a failover): a standby process had to start over. It
+    waits a database out as it waits out a held slot, and raises its error only when its
+    own timeout passes meanwhile. (try_acquire, one round trip, fails as the database
+    does: here two such failures stand for the database being away.)"""
+    from justonce import DatabaseUnavailable
+
+    real = app.partitions.try_acquire
+    away = [2]
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if away[0]:
+            away[0] -= 1
+            raise DatabaseUnavailable("cannot connect: the server is restarting")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(app.partitions, "try_acquire", flaky)
+    lease = app.partitions.acquire("away", 1, poll=0.02)
+    assert away == [0] and lease.slot == 0
+    lease.release()
+    away[0] = 10**6
+    with pytest.raises(DatabaseUnavailable, match="restarting"):
+        app.partitions.acquire("away", 1, poll=0.02, timeout=0.2)
+
+
 def test_a_lease_used_as_context_manager_renews_itself_and_releases_on_exit(app: App) -> None:
     with app.partitions.acquire("ctx", 1, lease=0.3) as lease:
         time.sleep(0.8)  # past the lease: the background renewal kept it

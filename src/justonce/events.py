@@ -135,6 +135,9 @@ class Event(StrEnum):
                                  "A slot held by an open fenced transaction was left to expire.")
     PARTITION_ERROR = ("partition.error", WARNING, "justonce.worker",
                        "A worker's partition round failed; retried.")
+    PARTITION_ACQUIRE_ERROR = ("partition.acquire_error", WARNING, "justonce.partitions",
+                               "A standby's try to take a slot failed (the database was away); "
+                               "it waits on and tries again.")
     # -- effects ------------------------------------------------------------------------
     EFFECT_OVERTAKEN = ("effect.overtaken", WARNING, "justonce.effects",
                         "An effect was marked done after its claim was taken over: it ran twice.")

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from . import failpoints, validate
 from .errors import (
     ConfigurationError,
+    DatabaseUnavailable,
     InvalidOption,
     LeaseLost,
     LockTimeout,
@@ -343,18 +344,30 @@ class Partitions:
         """Take a slot, waiting as a standby while every slot is held: the first slot whose
         holder releases it or lets its lease expire is taken (checked every ``poll`` s,
         default a third of the lease, at most 1 s). ``timeout``: give up with :class:`NoFreeSlot` after that
-        many seconds (None waits for ever, 0 tries once). Use it as a context manager to
-        renew in the background and release on exit."""
+        many seconds (None waits for ever, 0 tries once). A database that is away
+        (DatabaseUnavailable) is waited out the same way, and its error raised if the
+        timeout passes meanwhile. Use it as a context manager to renew in the background
+        and release on exit."""
         lease = validate.bounded(lease, "lease", 0.1, 86400)
         wait = None if timeout is None else validate.bounded(timeout, "timeout", 0, 10 * 365 * 86400)
         every = validate.bounded(poll, "poll", 0.01, 3600) if poll is not None else min(lease / 3, 1.0)
         # (default: a third of the lease, at most 1 s)
         deadline = None if wait is None else time.monotonic() + wait
         while True:
-            got = self.try_acquire(set_name, n, lease=lease, owner=owner)
+            try:
+                got = self.try_acquire(set_name, n, lease=lease, owner=owner)
+                away = None
+            except DatabaseUnavailable as exc:
+                # A standby waits out a database that restarts or fails over as it waits out
+                # a held slot: it raised at the first blip, and its process had to start over.
+                got, away = None, exc
+                emit(Event.PARTITION_ACQUIRE_ERROR, "could not try to take a slot: waiting on",
+                     set=set_name, error=str(exc))
             if got is not None:
                 return got
             if deadline is not None and time.monotonic() >= deadline:
+                if away is not None:
+                    raise away
                 raise NoFreeSlot(f"every slot of {set_name!r} is held (waited {wait:g}s)")
             pause = every if deadline is None else max(0.0, min(every, deadline - time.monotonic()))
             time.sleep(pause)
