@@ -204,9 +204,7 @@ class Lists:
         made again under the name meanwhile refuses the rest: ListNotFound); ``list_id``
         (``ListInfo.id``): to that list only, for a load made of several calls."""
         name = list_name(name)
-        if list_id is not None:
-            list_id = validate.int64(list_id, "list_id", 1)
-        n = self._load(name, (), iter(_iterable(items)), conn, list_id=list_id)
+        n = self._load(name, (), iter(_iterable(items)), conn, list_id=_list_id(list_id))
         if n == 0:
             self._get(name, conn)  # an unknown name still says so
         return n
@@ -240,9 +238,7 @@ class Lists:
         (``ListInfo.id``): only if the name still means that list (ListNotFound if it was
         dropped and made again)."""
         name = list_name(name)
-        if list_id is not None:
-            list_id = validate.int64(list_id, "list_id", 1)
-        self.app.backend.lists.seal(name, f"list:{name}", conn, list_id)
+        self.app.backend.lists.seal(name, f"list:{name}", conn, _list_id(list_id))
         return self._get(name, conn)
 
     def drop(self, name: str) -> bool:
@@ -491,6 +487,10 @@ class Lists:
 
 
 _END = object()
+
+
+def _list_id(value: Any) -> int | None:
+    return None if value is None else validate.int64(value, "list_id", 1)
 
 
 def _iterable(items: Any) -> Iterable[Any]:

@@ -82,12 +82,6 @@ def exact_int(value: Any) -> int | None:
     return int.__index__(value)
 
 
-def exact_str(value: Any) -> str | None:
-    """``value`` as a plain ``str`` when it is one (a subclass by its characters, not by its
-    ``__str__``), else None."""
-    return str.__str__(value) if isinstance(value, str) else None
-
-
 def queue_name(value: Any) -> str:
     return _name(value, QUEUE_NAME, "queue name")
 
@@ -147,7 +141,8 @@ def optional_key(value: Any, what: str = "key") -> str | None:
             raise InvalidName(f"bad {what}: an integer longer than {MAX_KEY_CHARS} characters "
                               f"(a key is at most {MAX_KEY_CHARS})")
         value = str(value)
-    value = exact_str(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        value = str.__str__(value)  # (a subclass by its characters, not by its __str__)
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS or "\x00" in value:
         raise InvalidName(f"bad {what} {shown(value)}: a non-empty string of at most {MAX_KEY_CHARS} "
                           "characters")

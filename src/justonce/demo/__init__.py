@@ -9,7 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -143,9 +143,10 @@ def broken(conn: Any) -> bool:
     return bool((conn.conn if isinstance(conn, BouncedPostgres) else conn).closed)
 
 
-def thread_connection(local: threading.local, url: str) -> Any:
+def thread_connection(local: threading.local, url: str,
+                      prepare: Callable[[Any], None] | None = None) -> Any:
     """This thread's demo connection to ``url``: made on first use, and made again when the
-    one it had was lost."""
+    one it had was lost; ``prepare`` runs on each new one (its session's settings)."""
     conn = getattr(local, "conn", None)
     if conn is not None and broken(conn):
         with contextlib.suppress(Exception):
@@ -153,6 +154,8 @@ def thread_connection(local: threading.local, url: str) -> Any:
         conn = None
     if conn is None:
         conn = local.conn = connect(url)
+        if prepare is not None:
+            prepare(conn)
     return conn
 
 

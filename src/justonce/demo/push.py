@@ -44,7 +44,7 @@ from ..partitions import PartitionLease
 from ..tasks import Enqueue
 from . import connect, stop_workers, worker_env
 from .mail import SMTP_ENV, Ceiling, Recorder, ThreadSMTP, measure_ceiling, render, start_smtp
-from .push_app import SENDERS_ENV, WINNER, app, send_push_email, send_push_slot
+from .push_app import CHUNK_LEASE, SENDERS_ENV, WINNER, app, send_push_email, send_push_slot
 from .push_data import VARIANTS, create_push, create_schema, list_members, load_users, save_ab, save_reached
 
 T = TypeVar("T")
@@ -93,8 +93,6 @@ class Run:
     redone: int = 0
     busy_machine: bool = False
     """The machine was not quiet when the ceiling was measured (its number is low)."""
-    lease: PartitionLease | None = None
-    """This demo's hold on the database (no other demo remakes the tables while it runs)."""
 
     @property
     def scope(self) -> str:
@@ -153,7 +151,6 @@ def _held(lease: PartitionLease) -> None:
 def _run(url: str, opts: Options, out: Console, lease: PartitionLease) -> bool:
     conn = connect(url)
     run = _setup(conn, opts)
-    run.lease = lease
     _held(lease)
     mode = "one job per user" if opts.per_user_jobs else f"{opts.workers} slot jobs per phase"
     out.print(f"[bold]justonce demo push[/bold]: {opts.users:,} users, list of {len(run.members):,} "
@@ -193,7 +190,7 @@ def _run(url: str, opts: Options, out: Console, lease: PartitionLease) -> bool:
         if not _await_started(procs):
             out.print("[yellow]the workers were still busy after 30 s: the Push starts "
                       "beside their start-up[/yellow]")
-        _send(run, queue, opts, procs, out, recorder)
+        _send(run, queue, opts, procs, out, recorder, lease)
     finally:
         stop_workers(procs)
     _settle(run)
@@ -325,7 +322,7 @@ def _enqueue_phase(run: Run, queue: str, opts: Options, phase: str, users: list[
 
 
 def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]], out: Console,
-          recorder: Recorder | None) -> None:
+          recorder: Recorder | None, lease: PartitionLease) -> None:
     t1 = time.perf_counter()
     _enqueue_phase(run, queue, opts, "ab")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -390,8 +387,7 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
             if all(p.poll() is not None for p in procs):
                 out.print("[red]all workers exited[/red]")
                 break
-            if run.lease is not None:
-                _held(run.lease)
+            _held(lease)
             time.sleep(0.05 if opts.kill_one and run.killed is None else 0.1)
     run.elapsed = run.elapsed or time.perf_counter() - t1
 
@@ -473,8 +469,6 @@ def _settle(run: Run) -> None:
     """Wait for the chunk leases still running to run out: a send whose outcome is unknown
     (the mail server's connection broke after DATA) leaves its user claimed by its chunk
     until that chunk's lease ends, and in doubt from then on; the report counts it then."""
-    from .push_app import CHUNK_LEASE
-
     deadline = time.monotonic() + CHUNK_LEASE + 5
     while app.effects.counts(run.scope).get("running", 0) and time.monotonic() < deadline:
         time.sleep(0.2)

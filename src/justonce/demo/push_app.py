@@ -30,7 +30,7 @@ from typing import Any
 from ..app import App
 from ..effects import EffectsOutcome
 from ..retry import Backoff
-from . import BouncedPostgres, broken, dialect, exit_with_parent, thread_connection
+from . import BouncedPostgres, dialect, exit_with_parent, thread_connection
 from .mail import ThreadSMTP, render
 from .push_data import criteria_sql, load_push, sql
 
@@ -61,9 +61,11 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def _db() -> Any:
-    fresh = getattr(_local, "conn", None) is None or broken(_local.conn)
-    conn = thread_connection(_local, app.database_url)
-    if fresh and dialect(conn) == "postgres" and not isinstance(conn, BouncedPostgres):
+    return thread_connection(_local, app.database_url, _prepare)
+
+
+def _prepare(conn: Any) -> None:
+    if dialect(conn) == "postgres" and not isinstance(conn, BouncedPostgres):
         # The slot scan's window query, as psycopg prepares it after five runs, got a
         # generic plan: one that cannot see the window's bounds or the list's numbers,
         # expects one user per window and may then read all of R for each user it finds
@@ -75,7 +77,6 @@ def _db() -> Any:
         # transaction on a shared server connection: left as they are.
         conn.execute("SET plan_cache_mode = force_custom_plan")
         conn.execute("SET max_parallel_workers_per_gather = 0")
-    return conn
 
 
 def _push(push_id: int) -> dict[str, Any]:
