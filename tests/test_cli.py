@@ -231,7 +231,14 @@ def test_effects_in_doubt_and_resolve(db_url: str) -> None:
             contradiction = run("effects", "resolve", "push:9", "77", *both, *url, ok=False)
             assert contradiction.exit_code == 2 and "contradict" in contradiction.output
             assert app.effects.get("push:9", 77).state == "in_doubt"
-        assert "done" in run("effects", "resolve", "push:9", "77", "--done", *url).output
+        for wait in ("0", "-1", "nan", "abc"):
+            refused = run("effects", "resolve", "push:9", "77", "--done", "--lock-timeout", wait, *url,
+                          ok=False)
+            assert refused.exit_code in (1, 2) and "lock" in refused.output
+            assert "Traceback" not in refused.output
+        assert app.effects.get("push:9", 77).state == "in_doubt"
+        assert "done" in run("effects", "resolve", "push:9", "77", "--done", "--lock-timeout", "2",
+                             *url).output
         bad = run("effects", "resolve", "push:9", "77", "--redo", *url, ok=False)
         assert bad.exit_code != 0 and "InvalidTransition" in bad.output
         for k in (1, 2, 3):

@@ -1074,3 +1074,34 @@ def test_a_process_stopped_inside_fn_past_its_lease_resumes_without_a_second_don
         assert Counter(victim_log) == Counter([str(k) for k in keys[:100]] + sent_of_chunk_2)
     assert app.effects.counts("stop") == {"done": 400}
     assert app.effects.in_doubt("stop") == []
+
+
+def test_an_operators_verdict_waits_for_a_locked_chunk_no_longer_than_its_lock_timeout(
+    app: App, db_url: str
+) -> None:
+    """A holder frozen inside its chunk's finish (SIGSTOP mid-transaction) keeps the chunk's
+    row locked; the verdict on its keys in doubt waited for that lock with no limit (the
+    CLI hung, and the service's request with it). Bounded now as a claim is: LockTimeout,
+    nothing written; given once the lock is gone."""
+    from justonce import EffectInDoubt
+
+    def unsure(idem: str) -> None:
+        raise EffectInDoubt("the answer was lost")
+
+    out = app.effects.run_many("frozen", [1, 2, 3], unsure, lease=0.6)
+    assert out.left_in_doubt == ("1", "2", "3")
+    time.sleep(0.7)
+    assert {i.key for i in app.effects.in_doubt("frozen")} == {"1", "2", "3"}
+    conn = proc_app.ledger_connect(db_url)
+    try:
+        with proc_app._Tx(conn) as c:  # what the frozen finisher holds
+            c.execute("UPDATE justonce_effect_chunks SET lease_expires_at = lease_expires_at")
+            with pytest.raises(LockTimeout):
+                app.effects.resolve_many("frozen", [1, 2, 3], done=False, lock_timeout=0.3)
+            with pytest.raises(LockTimeout):
+                app.effects.resolve("frozen", 1, done=True, lock_timeout=0.3)
+        assert states(app, "frozen") == {"1": "in_doubt", "2": "in_doubt", "3": "in_doubt"}
+        assert app.effects.resolve_many("frozen", [1, 2], done=False, lock_timeout=0.3) == ["1", "2"]
+        assert app.effects.resolve("frozen", 3, done=True, lock_timeout=0.3).state == "done"
+    finally:
+        conn.close()

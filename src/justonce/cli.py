@@ -538,9 +538,12 @@ def effects_in_doubt(scope: str | None, limit: int, database_url: str | None) ->
 @click.option("--redo", "redo", is_flag=True, help="It did not happen: claimable again.")
 @click.option("--note", default=None, help="Why (kept as the entry's last error).")
 @click.option("--force", is_flag=True, help="Also resolve an entry whose lease is still live.")
+@click.option("--lock-timeout", default=5.0, show_default=True, type=click.FloatRange(0.001, 3600),
+              help="Seconds to wait for an entry locked by another process (then fail, "
+                   "nothing written).")
 @database_option
 def effects_resolve(scope: str, keys: tuple[str, ...], done: bool, redo: bool, note: str | None, force: bool,
-                    database_url: str | None) -> None:
+                    lock_timeout: float, database_url: str | None) -> None:
     """Resolve effects in doubt: --done or --redo. With several keys, those not in doubt
     are named and left as they are (exit status 1)."""
     # Two flags, not one option with two values: given both, the last used to win
@@ -551,10 +554,12 @@ def effects_resolve(scope: str, keys: tuple[str, ...], done: bool, redo: bool, n
     verdict = "done" if done else "redo"
     effects = App(database_url).effects
     if len(keys) == 1:
-        e = effects.resolve(scope, keys[0], done=verdict == "done", note=note, force=force)
+        e = effects.resolve(scope, keys[0], done=verdict == "done", note=note, force=force,
+                            lock_timeout=lock_timeout)
         out.print(f"effect {e.scope}:{e.key} {e.state}")
         return
-    resolved = effects.resolve_many(scope, keys, done=verdict == "done", note=note, force=force)
+    resolved = effects.resolve_many(scope, keys, done=verdict == "done", note=note, force=force,
+                                    lock_timeout=lock_timeout)
     left = sorted(set(keys) - set(resolved))
     out.print(f"resolved {len(resolved)} of {len(set(keys))} effects of {scope} "
               f"({'done' if verdict == 'done' else 'claimable again'})")

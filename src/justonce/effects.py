@@ -461,17 +461,21 @@ class Effects:
             _scope(scope) if scope is not None else None, validate.count(limit, "limit", 100_000))
 
     def resolve(self, scope: str, key: Any, *, done: bool, note: str | None = None,
-                force: bool = False, conn: Any = None) -> EffectInfo:
+                force: bool = False, conn: Any = None,
+                lock_timeout: float | timedelta = 5.0) -> EffectInfo:
         """An operator's verdict on an entry in doubt: ``done=True`` (it happened: never
         redo) or ``done=False`` (it did not: claimable again). ``force`` also resolves an
         entry whose lease has not expired yet. ``conn``: in your open transaction,
-        committed with it (the entry returned is as that transaction sees it)."""
+        committed with it (the entry returned is as that transaction sees it). The entry's
+        lock (and its chunk's) is waited for at most ``lock_timeout``: LockTimeout past it,
+        nothing written."""
         scope, key = _scope(scope), _key(key)
         done, force = validate.flag(done, "done"), validate.flag(force, "force")
         if note is not None:
             note = validate.text(note, "note", 4000)
+        wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
         ok = self.app.backend.effect_resolve(scope, key, "done" if done else "pending", note, force,
-                                             conn)
+                                             conn, wait)
         if not ok:
             info = self._get(scope, key, conn)
             raise InvalidTransition(
@@ -480,18 +484,22 @@ class Effects:
         return self._get(scope, key, conn)
 
     def resolve_many(self, scope: str, keys: Iterable[Any], *, done: bool, note: str | None = None,
-                     force: bool = False) -> builtins.list[str]:
+                     force: bool = False,
+                     lock_timeout: float | timedelta = 5.0) -> builtins.list[str]:
         """:meth:`resolve` for many keys of one scope (after a crash left a chunk in doubt):
         every key is checked first; returns the keys resolved, sorted. A key that was not
         in doubt (not running, or, without ``force``, its lease still live) or that names
         no entry is left as it is and is not in the answer. Keys are resolved in
-        transactions of a few thousand, each entry under its row lock."""
+        transactions of a few thousand, each entry under its row lock, each transaction's
+        lock waits bounded by ``lock_timeout`` (LockTimeout past it: the transactions before
+        it stay committed, the rest are not tried)."""
         scope, ordered = _scope(scope), _many_keys(keys)
         done, force = validate.flag(done, "done"), validate.flag(force, "force")
         if note is not None:
             note = validate.text(note, "note", 4000)
+        wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
         return self.app.backend.effect_resolve_many(scope, ordered, "done" if done else "pending",
-                                                    note, force)
+                                                    note, force, lock_timeout=wait)
 
     def list(self, scope: str, state: str | None = None, limit: int = 1000,
              after: Any = None) -> builtins.list[EffectInfo]:

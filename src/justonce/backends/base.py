@@ -279,11 +279,12 @@ class Backend(Protocol):
         """running → pending (claimable again), fenced by the claim's token."""
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
-                       force: bool, conn: Any = None) -> bool:
-        """An entry in doubt (or, with ``force``, running) → ``state`` (done / pending)."""
+                       force: bool, conn: Any = None, lock_timeout: float = 5.0) -> bool:
+        """An entry in doubt (or, with ``force``, running) → ``state`` (done / pending),
+        its lock waited for at most ``lock_timeout`` (LockTimeout past it)."""
 
     def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
-                            force: bool, conn: Any = None) -> list[str]:
+                            force: bool, conn: Any = None, lock_timeout: float = 5.0) -> list[str]:
         """``effect_resolve`` for many distinct keys, locked in key order, in transactions
         of up to a few thousand keys each (not atomic as a whole; with ``conn``, all in the
         caller's transaction). Returns the keys

@@ -226,15 +226,17 @@ class EffectOps:
         return bool(self.d.tx(conn, lambda c: self.d.rows(c, "effect_release", params)))
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
-                       force: bool, conn: Any = None) -> bool:
-        return bool(self.effect_resolve_many(scope, [key], state, note, force, conn))
+                       force: bool, conn: Any = None, lock_timeout: float = 5.0) -> bool:
+        return bool(self.effect_resolve_many(scope, [key], state, note, force, conn, lock_timeout))
 
     def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
-                            force: bool, conn: Any = None) -> list[str]:
+                            force: bool, conn: Any = None, lock_timeout: float = 5.0) -> list[str]:
         """Per transaction of up to RESOLVE_CHUNK keys: the running entries locked in key
         order, the chunks that hold some of them share-locked (so that a chunk's finisher
         cannot mark an entry done while it is resolved: it finds it taken), then those in
-        doubt (or, with ``force``, running) given the verdict, on the entry itself."""
+        doubt (or, with ``force``, running) given the verdict, on the entry itself. Lock
+        waits are bounded as a claim's are: a holder frozen inside its chunk's finish keeps
+        the chunk locked, and an operator's verdict waited for it with no limit."""
         ordered, out = sorted(keys), []
         for at in range(0, len(ordered), RESOLVE_CHUNK):
             part = ordered[at:at + RESOLVE_CHUNK]
@@ -252,7 +254,7 @@ class EffectOps:
                 params = {"scope": scope, "keys": self.d.array(pick), "state": state, "note": note}
                 return [str(r[0]) for r in self.d.rows(c, "effect_resolve_set", params)]
 
-            out += self.d.tx(conn, run)
+            out += self.d.locked_tx(conn, lock_timeout, run)
         return sorted(out)
 
     def effect_get(self, scope: str, key: str, conn: Any = None) -> EffectInfo | None:

@@ -466,12 +466,12 @@ class Store:
         return self.effects.effect_release(scope, key, token, error, conn)
 
     def effect_resolve(self, scope: str, key: str, state: str, note: str | None,
-                       force: bool, conn: Any = None) -> bool:
-        return self.effects.effect_resolve(scope, key, state, note, force, conn)
+                       force: bool, conn: Any = None, lock_timeout: float = 5.0) -> bool:
+        return self.effects.effect_resolve(scope, key, state, note, force, conn, lock_timeout)
 
     def effect_resolve_many(self, scope: str, keys: Sequence[str], state: str, note: str | None,
-                            force: bool, conn: Any = None) -> list[str]:
-        return self.effects.effect_resolve_many(scope, keys, state, note, force, conn)
+                            force: bool, conn: Any = None, lock_timeout: float = 5.0) -> list[str]:
+        return self.effects.effect_resolve_many(scope, keys, state, note, force, conn, lock_timeout)
 
     def effect_get(self, scope: str, key: str, conn: Any = None) -> EffectInfo | None:
         return self.effects.effect_get(scope, key, conn)
