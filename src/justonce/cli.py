@@ -22,7 +22,7 @@ from .cli_output import out, print_lines, visible
 from .errors import ConfigurationError, InvalidOption, JustonceError
 from .models import BatchInfo, Job
 from .types import BatchState, JobState
-from .validate import plain_int, shown
+from .validate import plain_int, shown, text_float, text_int
 
 
 class Group(click.Group):
@@ -75,6 +75,37 @@ class PlainId(click.ParamType):
 
 
 ID = PlainId()
+
+
+class Integer(click.IntRange):
+    """click's IntRange (bounds and help as click shows them) over integers written as
+    integers are: ASCII digits with an optional sign (validate.text_int). click reads
+    a value with int(), which takes "1_0" for 10, " 7 " for 7 and "\u0663" for 3: a typo in
+    ``--priority 1_0`` ran the job at priority 10."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            number = text_int(value)
+            if number is None:
+                self.fail(f"{shown(value)} is not an integer (ASCII digits, optionally signed)",
+                          param, ctx)
+            value = number
+        return super().convert(value, param, ctx)
+
+
+class Number(click.FloatRange):
+    """click's FloatRange over finite numbers written as decimals are (validate.text_float):
+    click reads a value with float(), which takes "1_0", " 1.5 ", "nan" and "inf" (a
+    ``--delay nan`` or ``--lease inf`` means nothing the options could do)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            number = text_float(value)
+            if number is None:
+                self.fail(f"{shown(value)} is not a finite number (ASCII digits with an optional "
+                          "sign, point and exponent)", param, ctx)
+            value = number
+        return super().convert(value, param, ctx)
 
 
 def host_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -156,30 +187,30 @@ def migrate(database_url: str | None) -> None:
               help="The App that registers your tasks, e.g. myproject.tasks:app")
 @database_option
 @click.option("--queues", default=None, help="Comma-separated queues (default: the app's).")
-@click.option("--concurrency", "-c", default=4, show_default=True, type=click.IntRange(1, 1000))
-@click.option("--lease", default=15.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--concurrency", "-c", default=4, show_default=True, type=Integer(1, 1000))
+@click.option("--lease", default=15.0, show_default=True, type=Number(min=0.1),
               help="Seconds a claim lives without renewal.")
-@click.option("--heartbeat", default=None, type=click.FloatRange(min=0.01),
+@click.option("--heartbeat", default=None, type=Number(min=0.01),
               help="Seconds between lease renewals [default: lease/3].")
-@click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--grace", default=30.0, show_default=True, type=Number(min=0),
               help="Seconds in-flight jobs get to finish on SIGTERM.")
-@click.option("--poll", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
+@click.option("--poll", default=1.0, show_default=True, type=Number(min=0.01),
               help="Seconds between polls when idle (wake-ups usually come sooner).")
-@click.option("--prefetch", default=250, show_default=True, type=click.IntRange(1, 10000),
+@click.option("--prefetch", default=250, show_default=True, type=Integer(1, 10000),
               help="Most jobs leased at once. The worker leases about 50 ms of work at a "
               "time, so only jobs shorter than 0.2 ms reach the default.")
 @click.option("--no-listen", is_flag=True, help="Never LISTEN (PgBouncer transaction mode).")
 @click.option("--housekeeping-interval", default=1.0, show_default=True,
-              type=click.FloatRange(min=0.05))
+              type=Number(min=0.05))
 @click.option("--partitions", "partitions", default=None, metavar="SET:N",
               help="Run only jobs with a partition_key, of the slots of SET this worker "
               "holds (N slots; SET alone takes N from $JUSTONCE_PARTITIONS).")
-@click.option("--partition-slots", default=1, show_default=True, type=click.IntRange(1, 4096),
+@click.option("--partition-slots", default=1, show_default=True, type=Integer(1, 4096),
               help="Slots of the set this worker holds at most.")
 @click.option("--batch-retention", default=7 * 86400.0, show_default=True,
-              type=click.FloatRange(0, 10 * 365 * 86400),
+              type=Number(0, 10 * 365 * 86400),
               help="Seconds completed and expired batches are kept.")
-@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
+@click.option("--metrics-port", default=None, type=Integer(1, 65535), metavar="PORT",
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, callback=host_option,
               help="Address the metrics server binds to.")
@@ -223,11 +254,11 @@ def worker(app_path: str, database_url: str | None, queues: str | None, concurre
 @click.option("--args", "args_json", default=None, metavar="JSON", help="Positional arguments, a JSON array.")
 @click.option("--kwargs", "kwargs_json", default=None, metavar="JSON", help="Keyword arguments, a JSON object.")
 @click.option("--queue", default=None)
-@click.option("--delay", default=None, type=float, help="Seconds from now.")
-@click.option("--priority", default=None, type=int, help="Lower runs first.")
+@click.option("--delay", default=None, type=Number(), help="Seconds from now.")
+@click.option("--priority", default=None, type=Integer(), help="Lower runs first.")
 @click.option("--key", default=None, help="Uniqueness key among live jobs.")
-@click.option("--max-attempts", default=None, type=int)
-@click.option("--timeout", default=None, type=float)
+@click.option("--max-attempts", default=None, type=Integer())
+@click.option("--timeout", default=None, type=Number())
 @click.option("--app", "app_path", default=None, metavar="MODULE:APP",
               help="Check TASK against this app's tasks and use its defaults.")
 @database_option
@@ -276,7 +307,7 @@ def jobs() -> None:
 @click.option("--state", type=click.Choice([s.value for s in JobState]), default=None)
 @click.option("--queue", default=None)
 @click.option("--task", default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--limit", default=50, show_default=True, type=Integer(1, 10000))
 @database_option
 def jobs_list(state: str | None, queue: str | None, task: str | None, limit: int,
               database_url: str | None) -> None:
@@ -431,7 +462,7 @@ def _bar(b: BatchInfo, width: int = 30) -> ProgressBar:
 
 @batches.command("list")
 @click.option("--state", type=click.Choice([s.value for s in BatchState]), default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--limit", default=50, show_default=True, type=Integer(1, 10000))
 @database_option
 def batches_list(state: str | None, limit: int, database_url: str | None) -> None:
     """The newest batches first, with their progress."""
@@ -446,7 +477,7 @@ def batches_list(state: str | None, limit: int, database_url: str | None) -> Non
 @batches.command("show")
 @click.argument("batch_id", type=ID)
 @click.option("--failures", "n_failures", default=20, show_default=True,
-              type=click.IntRange(0, 100_000), help="How many failed items to list.")
+              type=Integer(0, 100_000), help="How many failed items to list.")
 @database_option
 def batches_show(batch_id: int, n_failures: int, database_url: str | None) -> None:
     """One batch: its state, progress, callbacks and failed items."""
@@ -481,7 +512,7 @@ def batches_seal(batch_id: int, database_url: str | None) -> None:
 
 @batches.command("prune")
 @click.option("--retention", default=7 * 86400.0, show_default=True,
-              type=click.FloatRange(0, 10 * 365 * 86400),
+              type=Number(0, 10 * 365 * 86400),
               help="Remove completed and expired batches finished this many seconds ago.")
 @database_option
 def batches_prune(retention: float, database_url: str | None) -> None:
@@ -517,7 +548,7 @@ def effects() -> None:
 
 @effects.command("in-doubt")
 @click.option("--scope", default=None, help="Only this scope (e.g. push:7).")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--limit", default=100, show_default=True, type=Integer(1, 100_000))
 @database_option
 def effects_in_doubt(scope: str | None, limit: int, database_url: str | None) -> None:
     """Effects whose holder died (or stalled) mid-effect: at most once, nobody redoes
@@ -574,8 +605,8 @@ def demo() -> None:
 
 
 @demo.command("jobs")
-@click.option("--jobs", "n_jobs", default=20000, show_default=True, type=click.IntRange(1, 10_000_000))
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--jobs", "n_jobs", default=20000, show_default=True, type=Integer(1, 10_000_000))
+@click.option("--workers", default=4, show_default=True, type=Integer(1, 64))
 @click.option("--kill-one", is_flag=True, help="kill -9 one worker midway.")
 @database_option
 def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | None) -> None:
@@ -592,10 +623,10 @@ def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | Non
 
 
 @demo.command("push")
-@click.option("--users", default=200_000, show_default=True, type=click.IntRange(1000, 10_000_000))
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 64),
+@click.option("--users", default=200_000, show_default=True, type=Integer(1000, 10_000_000))
+@click.option("--workers", default=4, show_default=True, type=Integer(1, 64),
               help="Worker processes; each phase is one job per slot of MOD(user_id, N), N = workers.")
-@click.option("--senders", default=4, show_default=True, type=click.IntRange(1, 64),
+@click.option("--senders", default=4, show_default=True, type=Integer(1, 64),
               help="Sender threads per worker, one SMTP connection each.")
 @click.option("--per-user-jobs", is_flag=True,
               help="One job per user (a claim, a done mark and a look-up per email), to compare.")
@@ -605,7 +636,7 @@ def demo_jobs(n_jobs: int, workers: int, kill_one: bool, database_url: str | Non
                    "lacks (those it has are resolved done after every run on the demo's own server).")
 @click.option("--smtp", default=None, metavar="HOST:PORT",
               help="Send to your SMTP server (a mail catcher, smtp-sink) instead of the demo's own.")
-@click.option("--seed", default=7, show_default=True, type=int, help="Seed of the users and samples.")
+@click.option("--seed", default=7, show_default=True, type=Integer(), help="Seed of the users and samples.")
 @database_option
 def demo_push(users: int, workers: int, senders: int, per_user_jobs: bool, kill_one: bool, redo: bool,
               smtp: str | None, seed: int, database_url: str | None) -> None:

@@ -31,7 +31,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from .app import App
-from .cli import cli, database_option, load_app, show
+from .cli import Integer, Number, cli, database_option, load_app, show
 from .cli_output import err, out, visible
 from .errors import InvalidArguments, ListExists, ListNotFound, PayloadTooLarge
 from .lists import LOAD_CHUNK, item_json
@@ -56,7 +56,7 @@ def _bar(info: ListInfo, width: int = 30) -> ProgressBar:
 
 
 @lists.command("list")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--limit", default=100, show_default=True, type=Integer(1, 10_000))
 @database_option
 def lists_list(limit: int, database_url: str | None) -> None:
     """Lists by name, with their progress."""
@@ -71,7 +71,7 @@ def lists_list(limit: int, database_url: str | None) -> None:
 
 @lists.command("show")
 @click.argument("name")
-@click.option("--buried", "n_buried", default=20, show_default=True, type=click.IntRange(0, 10_000),
+@click.option("--buried", "n_buried", default=20, show_default=True, type=Integer(0, 10_000),
               help="How many buried ranges to list.")
 @database_option
 def lists_show(name: str, n_buried: int, database_url: str | None) -> None:
@@ -233,9 +233,9 @@ FROM = click.option("--from", "source", required=True, type=click.File("rb", laz
 @click.argument("name")
 @FROM
 @click.option("--task", default=None, help="What `lists run` and POST /lists/NAME/next run on each item.")
-@click.option("--ttr", default=60.0, show_default=True, type=click.FloatRange(0.001, 7 * 86400),
+@click.option("--ttr", default=60.0, show_default=True, type=Number(0.001, 7 * 86400),
               help="Seconds a reservation lives without a touch.")
-@click.option("--max-attempts", default=None, type=click.IntRange(1, 1000),
+@click.option("--max-attempts", default=None, type=Integer(1, 1000),
               help="Attempts per item before it is buried [default: the task's, else 5].")
 @click.option("--on-complete", default=None, metavar="TASK", help="Task enqueued once when every item is done.")
 @click.option("--no-seal", is_flag=True, help="Leave the list open for more appends.")
@@ -300,7 +300,7 @@ def lists_drop(name: str, yes: bool, database_url: str | None) -> None:
 
 @lists.command("kick")
 @click.argument("name")
-@click.option("--limit", default=None, type=click.IntRange(1, 10**9), help="Most positions to revive.")
+@click.option("--limit", default=None, type=Integer(1, 10**9), help="Most positions to revive.")
 @database_option
 def lists_kick(name: str, limit: int | None, database_url: str | None) -> None:
     """Hand buried positions out again (oldest first), with their attempts counted afresh."""
@@ -326,7 +326,7 @@ class _Stop:
 @click.argument("name")
 @click.option("--app", "app_path", required=True, metavar="MODULE:APP")
 @database_option
-@click.option("--parent", type=int, default=None, help="Stop when this process is gone.")
+@click.option("--parent", type=Integer(), default=None, help="Stop when this process is gone.")
 @click.option("--report", type=click.Path(dir_okay=False), default=None,
               help="Write the counts of outcomes here as JSON at the end.")
 def lists_drain(name: str, app_path: str, database_url: str | None, parent: int | None,
@@ -369,7 +369,7 @@ def lists_drain(name: str, app_path: str, database_url: str | None, parent: int 
 
 @lists.command("run")
 @click.argument("name")
-@click.option("--parallelism", "-p", default=4, show_default=True, type=click.IntRange(1, 256),
+@click.option("--parallelism", "-p", default=4, show_default=True, type=Integer(1, 256),
               help="Worker processes.")
 @click.option("--app", "app_path", default=None, metavar="MODULE:APP",
               help="The App that registers the list's task (each process loads it).")

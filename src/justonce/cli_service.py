@@ -10,14 +10,14 @@ import click
 from rich.table import Table
 
 from .backends import redact_url
-from .cli import ID, cli, database_option, host_option, load_app
+from .cli import ID, Integer, cli, database_option, host_option, load_app
 from .cli_output import out, visible
 
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, callback=host_option,
               help="Address to bind; loopback unless you mean to expose the service.")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8080, show_default=True, type=Integer(0, 65535))
 @database_option
 @click.option("--app", "app_path", default=None, metavar="MODULE:APP",
               help="Your App, for its task defaults; without it any task name is accepted "
@@ -25,8 +25,8 @@ from .cli_output import out, visible
 @click.option("--secret-key", envvar="JUSTONCE_SECRET_KEY", default=None,
               help="Signs session cookies [env JUSTONCE_SECRET_KEY]; random per process if unset.")
 @click.option("--max-body-bytes", default=8 * 1024 * 1024, show_default=True,
-              type=click.IntRange(1024, 1 << 30), help="Larger request bodies get 413.")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              type=Integer(1024, 1 << 30), help="Larger request bodies get 413.")
+@click.option("--workers", default=1, show_default=True, type=Integer(1, 64),
               help="Server processes (one is enough below a few hundred requests/s).")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))

@@ -72,6 +72,32 @@ def plain_int(text: Any, *, zero: bool = False) -> int | None:
     return n if n < 2**63 and (zero or n > 0) else None
 
 
+_SIGNED_DIGITS = re.compile(r"[+-]?[0-9]+\Z")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+_LONGEST_NUMBER = 400
+"""Characters of a number in text read at most: past this (4,300 digits) int() raises an
+error of its own, and no option of ours takes a number near that long."""
+
+
+def text_int(text: Any) -> int | None:
+    """An integer option written on a command line or in a URL: ASCII digits with an
+    optional sign, nothing else; else None. int() also reads "1_0" as 10, " 7 " as 7 and
+    "\u0663" (an Arabic-Indic three) as 3: a typo would be taken for another number."""
+    if not isinstance(text, str) or len(text) > _LONGEST_NUMBER or not _SIGNED_DIGITS.match(text):
+        return None
+    return int(text)
+
+
+def text_float(text: Any) -> float | None:
+    """A finite number written in text as decimals are (``1``, ``-0.5``, ``.5``,
+    ``1e3``): ASCII only, no underscore, space, ``nan`` or ``inf``, and not so large that
+    it overflows to infinity; else None (float() reads all of those)."""
+    if not isinstance(text, str) or len(text) > _LONGEST_NUMBER or not _DECIMAL.match(text):
+        return None
+    number = float(text)
+    return number if math.isfinite(number) else None
+
+
 def exact_int(value: Any) -> int | None:
     """``value`` as a plain ``int`` when it is an integer (not a bool), else None. A subclass
     (an IntEnum, an ``int`` with its own ``__str__``) is read by its value: drivers may

@@ -7,7 +7,7 @@ import re
 from urllib.parse import unquote_to_bytes, urlsplit
 
 from ..errors import ConfigurationError
-from ..validate import shown
+from ..validate import plain_int, shown
 from .base import Backend
 
 DEFAULT_URL = "sqlite:///justonce.db"
@@ -103,6 +103,17 @@ def check_escapes(url: str, kind: str) -> None:
         raise ConfigurationError(
             f"malformed {kind} URL {shown(redact_url(url))}: a %-escape in it is not UTF-8 "
             "(escape each byte of a name's UTF-8 encoding)") from None
+
+
+def pool_size(options: dict[str, str]) -> int:
+    """The ``pool_size`` URL option (default 10): 1 to 1000 in plain digits. int() read
+    "1_0" as 10 and " 5" as 5, where every other number of a URL is refused so."""
+    raw = options.get("pool_size", "10")
+    size = plain_int(raw)
+    if size is None or size > 1000:
+        raise ConfigurationError(f"pool_size must be a whole number from 1 to 1000 in plain digits, "
+                                 f"not {shown(raw)}")
+    return size
 
 
 def _encodable(url: str) -> bool:

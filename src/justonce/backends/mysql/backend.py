@@ -45,7 +45,7 @@ from ...errors import (
 )
 from ...models import NewJob
 from ...validate import json_text, shown
-from .. import check_escapes, redact_url
+from .. import check_escapes, pool_size, redact_url
 from ..base import load_queries, migration_files
 from ..dialect import Dialect
 from ..liststore import ListOps
@@ -321,12 +321,7 @@ class MySQLDialect(Dialect):
         self.queries = Q
         self.latest = LATEST
         self._connect_kwargs, ours = parse_mysql_url(url)
-        try:
-            self.pool_size = int(ours.get("pool_size", 10))
-        except ValueError:
-            raise ConfigurationError("pool_size must be an integer") from None
-        if not 1 <= self.pool_size <= 1000:
-            raise ConfigurationError(f"pool_size must be in [1, 1000], not {self.pool_size}")
+        self.pool_size = pool_size(ours)
         self.connect_timeout = connect_timeout
         self._pool: _Pool | None = None
         self._lock = threading.Lock()

@@ -36,7 +36,7 @@ from ...errors import (
 from ...items import CHUNK_BITS
 from ...models import ClaimedJob, Completion, ListCompletion, NewJob, Reservation
 from ...validate import shown
-from .. import check_escapes, redact_url
+from .. import check_escapes, pool_size, redact_url
 from ..base import Partitioning, load_queries, migration_files
 from ..dialect import Dialect, Flip, Key
 from ..liststore import ListOps, each, parse_ranges, ranges_json, to_ranges, token_of
@@ -243,12 +243,7 @@ class PostgresDialect(Dialect):
         self.queries = Q
         self.latest = LATEST
         self.conninfo, self.schema, extra = parse_postgres_url(url)
-        try:
-            self.pool_size = int(extra.get("pool_size", 10))
-        except ValueError:
-            raise ConfigurationError("pool_size must be an integer") from None
-        if not 1 <= self.pool_size <= 1000:
-            raise ConfigurationError(f"pool_size must be in [1, 1000], not {self.pool_size}")
+        self.pool_size = pool_size(extra)
         self.channel = "justonce" if self.schema is None else f"justonce.{self.schema}"
         self.connect_timeout = connect_timeout
         self.pgbouncer = pgbouncer_mode(extra)
