@@ -51,7 +51,8 @@ class App:
 
     def __init__(self, database_url: str | None = None, *, strict: bool = True) -> None:
         self.database_url = resolve_url(database_url)
-        self.strict = strict
+        # (1 or "no" for a flag is a mistake to name, not a truth value to guess.)
+        self.strict = validate.flag(strict, "strict")
         self.tasks: dict[str, Task] = {}
         self._backend: Backend | None = None
         self._lock = threading.Lock()

@@ -166,8 +166,7 @@ class Lists:
         callbacks = {}
         if on_complete is not None:
             callbacks["complete"] = self.app.batches._callback("complete", on_complete)
-        if not isinstance(seal, bool):
-            raise InvalidOption("seal must be True or False")
+        seal = validate.flag(seal, "seal")
         given = () if items is None else _iterable(items)
         checked: Iterator[builtins.list[str]] = iter(())  # (chunks after the first, checked)
         rest: Iterator[Any] | None = None  # (items after those, unchecked)

@@ -204,7 +204,8 @@ class Worker:
                 f"not {self.heartbeat:g}")
         self.poll = validate.bounded(poll, "poll", 0.001, 3600)
         self.grace = validate.bounded(grace, "grace", 0, 86400)
-        self.listen = bool(listen)
+        self.listen = validate.flag(listen, "listen")
+        housekeeping = validate.flag(housekeeping, "housekeeping")
         self.ack_interval = validate.bounded(ack_interval, "ack_interval", 0.001, 60)
         if isinstance(ack_batch, bool) or not isinstance(ack_batch, int) or not 1 <= ack_batch <= 100_000:
             raise InvalidOption(f"ack_batch must be an integer in [1, 100000], not {validate.shown(ack_batch)}")
