@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -22,7 +23,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 from ...errors import (
     ConfigurationError,
@@ -50,15 +51,43 @@ SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
 T = TypeVar("T")
 
 
+_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})|%2[Ff]|%00")
+"""What a SQLite URL's path may not hold: a '%' that starts no escape (``50%.db``: write
+``%25``), an escaped '/' (a file name cannot hold one, and written as ``/`` it already
+is a folder's end) and an escaped NUL."""
+
+
+def _path(text: str, url: str) -> str:
+    """A SQLite URL's path %-decoded as UTF-8, as the other URLs' parts are decoded: a
+    file named ``a b.db`` is ``a%20b.db`` in a URL (``a%20b.db`` was opened as a file of
+    that literal name, where ``postgresql://…/a%20b`` names the database ``a b``)."""
+    if "%" not in text:
+        return text
+    if (bad := _ESCAPE.search(text)) is not None:
+        what = {"%": "a '%' that starts no %-escape (write %25 for a '%')",
+                "%2F": "an escaped '/' (%2F: write the '/' itself)",
+                "%00": "an escaped NUL (%00)"}[bad.group().upper()]
+        raise ConfigurationError(f"malformed SQLite URL {shown(redact_url(url))}: its path holds {what}")
+    try:
+        return unquote_to_bytes(text).decode()
+    except UnicodeDecodeError:
+        raise ConfigurationError(
+            f"malformed SQLite URL {shown(redact_url(url))}: a %-escape in its path is not UTF-8 "
+            "(escape each byte of a name's UTF-8 encoding)") from None
+
+
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
-    """``sqlite:///relative.db`` or ``sqlite:////absolute.db`` → (path, options)."""
+    """``sqlite:///relative.db`` or ``sqlite:////absolute.db`` → (path, options). The path
+    is what comes before the first '?' (the options follow it), %-decoded: ``%3F`` is a
+    '?' in a file's name, ``%25`` a '%'. A '#' is a character of the name (no fragment)."""
     rest = url.split("://", 1)[1]
     if not rest.startswith("/"):
         raise ConfigurationError(
             f"malformed SQLite URL {shown(redact_url(url))}: use sqlite:///relative/path.db or "
             "sqlite:////absolute/path.db"
         )
-    path, _, query = rest[1:].partition("?")
+    raw_path, _, query = rest[1:].partition("?")
+    path = _path(raw_path, url)
     if not path or path == ":memory:":
         raise ConfigurationError(
             f"SQLite URL {shown(redact_url(url))} names no file: justonce needs a file that several "
