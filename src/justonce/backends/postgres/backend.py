@@ -1034,9 +1034,39 @@ _PASSING = ("starting up", "shutting down", "recovery mode", "not yet accepting"
 """Server refusals that pass on their own: the pool waits them out."""
 
 
+_SERVER_SAID = ("connection to server", "FATAL:", "ERROR:")
+"""Marks of an answer from a server (or of a connection attempt): the server never sees a
+password in clear to quote it back, so such a message has nothing to mask but the URL."""
+
+
+def _password_forms(conninfo: str) -> set[str]:
+    """Every spelling of the URL's secrets libpq may quote: the ``user:password@`` part and
+    the ``password`` / ``sslpassword`` options, each as written in the URL and %-decoded."""
+    parts = urlsplit(conninfo)
+    found = [parts.password] if parts.password else []
+    for field in parts.query.split("&"):
+        key, sep, value = field.partition("=")
+        if sep and value and unquote(key).lower().endswith("password"):
+            found.append(value)
+    return {form for raw in found for form in (raw, unquote(raw)) if form}
+
+
 def _redact_reason(conninfo: str, reason: str) -> str:
-    """libpq's message may quote the password (a malformed one, say): masked."""
-    password = urlsplit(conninfo).password
-    for shown_as in {password, unquote(password)} if password else ():
-        reason = reason.replace(shown_as, "***")
+    """libpq's message with the password masked exactly where libpq quotes it, and nowhere
+    else. libpq's URL parser quotes a token it cannot read whole (``invalid percent-encoded
+    token: "…"``, ``forbidden value %00 in percent-encoded value: "…"``, ``unexpected
+    spaces found in "…"``: the password itself when it is the token at fault) or the whole
+    URL (``unexpected character … in URI …: "postgresql://u:pw@[::1]x/db"``, a bracket
+    that does not close). So a quoted token that is the password, a ``:password@`` and a
+    ``password=`` followed by it are masked. Replacing every occurrence of the password
+    turned a short one (``port``, ``5432``) into holes in the server's answer ("port ***
+    failed")."""
+    forms = _password_forms(conninfo)
+    for form in sorted(forms, key=len, reverse=True):
+        reason = reason.replace(f":{form}@", ":***@")
+        for key in ("password=", "sslpassword="):
+            reason = re.sub(f"(?<![A-Za-z_]){key}{re.escape(form)}(?=[&\"\\s]|$)",
+                            f"{key}***", reason)
+        if not any(mark in reason for mark in _SERVER_SAID):
+            reason = reason.replace(f'"{form}"', '"***"')
     return reason
