@@ -179,6 +179,9 @@ def test_bad_job_ids_are_refused(vapp: App) -> None:
     "sqlite:///x.db?busy_timeout=-5", "sqlite:///x.db?busy_timeout=nan",
     "sqlite:///x.db?busy_timeout=1e400", "sqlite:///x.db?busy_timeout=1_000",
     "sqlite:///x.db?busy_timeout=99999999999",
+    "sqlite:///50%.db", "sqlite:///a%2Fb.db", "sqlite:///a%2fb.db", "sqlite:///a%00b.db", "sqlite:///a%4.db",
+    "postgresql://h/db?pool_size=1_0", "postgresql://h/db?pool_size=%205", "mysql://h/db?pool_size=1_0",
+    "mysql://h/db?pool_size=%D9%A3",
 ])
 def test_malformed_database_urls_get_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -240,7 +243,7 @@ def test_redact_url_masks_every_password_a_url_can_hold(url: str, shown: str) ->
     "postgresql://postgres@127.0.0.1:5432/db_%FF", "postgresql://postgres:pw%FF@127.0.0.1:5432/db",
     "postgresql://postgres@127.0.0.1:5432/db?application_name=%C3",
     "mysql://root:pw%FF@127.0.0.1:3306/db", "mysql://root@127.0.0.1:3306/db_%FF",
-    "mysql://r%FF@127.0.0.1:3306/db",
+    "mysql://r%FF@127.0.0.1:3306/db", "sqlite:///db_%FF.db", "sqlite:///db_%C3.db?busy_timeout=1",
 ])
 def test_an_escape_that_is_not_utf8_is_a_configuration_error(url: str) -> None:
     """psycopg decoded it as UTF-8 and raised UnicodeDecodeError (a traceback on the
@@ -498,3 +501,110 @@ def test_enum_and_other_subclass_values_go_by_their_value_on_every_backend(vapp:
     for bad in (lambda: vapp.enqueue("t", delay=Sneaky(math.nan)),):
         with pytest.raises(InvalidOption):
             bad()
+
+
+def test_text_int_and_text_float_read_only_numbers_as_they_are_written() -> None:
+    """Numbers of the command line and of URL options: int() and float() would read each
+    refused one as a number ("1_0" as 10, "\u0663" as 3, "nan" and "inf" as floats)."""
+    from justonce.validate import text_float, text_int
+
+    assert [text_int(t) for t in ("0", "7", "-3", "+3", "007", str(2**70))] == [0, 7, -3, 3, 7, 2**70]
+    for text in ("1_0", " 7", "7 ", "7\n", "\u0663", "\uff17", "1.0", "0x1", "", "+", "-", "1e3",
+                 "9" * 5000, None, 7, b"7"):
+        assert text_int(text) is None, repr(text)
+    assert [text_float(t) for t in ("1", "-0.5", "+.5", "1.", "1e3", "2.5E-1")] == [1.0, -0.5, 0.5, 1.0, 1e3, 0.25]
+    for text in ("nan", "NaN", "inf", "-inf", "infinity", "1e999", "-1e999", "1_0", " 1.5", "1.5 ",
+                 "\u0661.\u0665", ".", "e3", "1e", "0x1p3", "", None, 1.5):
+        assert text_float(text) is None, repr(text)
+
+
+@pytest.mark.parametrize("flag", [1, 0, "yes", "no", None, [True]])
+def test_a_flag_of_a_public_constructor_or_call_is_true_or_false(app: App, flag: object) -> None:
+    """App(strict=1) and Worker(listen="no") were read by their truth value ("no" is
+    truthy): a flag is True or False, as effects.resolve's done and force already were."""
+    from justonce import Worker
+
+    with pytest.raises(InvalidOption, match="strict must be True or False"):
+        App(app.database_url, strict=flag)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="listen must be True or False"):
+        Worker(app, listen=flag)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="housekeeping must be True or False"):
+        Worker(app, housekeeping=flag)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="seal must be True or False"):
+        app.lists.create("flagged", seal=flag)  # type: ignore[arg-type]
+    assert app.lists.list() == []
+    assert App(app.database_url, strict=False).strict is False
+    assert Worker(app, listen=False, housekeeping=False).maintenance is None
+
+
+def test_a_sqlite_path_is_percent_decoded_as_every_other_url_part(tmp_path) -> None:
+    """sqlite:///a%20b.db opened a file literally named "a%20b.db", where postgresql://…/a%20b
+    names the database "a b". The path is decoded as UTF-8; a '?' starts the options
+    (an escaped one, %3F, is part of the name), so options still apply."""
+    from urllib.parse import quote
+
+    folder = tmp_path / "dossier été"
+    folder.mkdir()
+    name = "mes tâches ?#%.db"
+    url = f"sqlite:///{quote(str(folder / name))}?busy_timeout=1234"
+    assert "%20" in url and "%3F" in url and "%25" in url
+    app = App(url, strict=False)
+    job = app.enqueue("t", [1])
+    assert app.backend.sqlite.busy_timeout == 1.234  # type: ignore[attr-defined]
+    app.close()
+    assert sorted(p.name for p in folder.iterdir() if p.suffix == ".db") == [name]
+    # The same file through its plain path, and a URL that writes it escaped otherwise.
+    same = App(f"sqlite:///{folder / 'mes%20t%C3%A2ches %3F#%25.db'}", strict=False)
+    assert same.get_job(job.id).args == [1]
+    same.close()
+    assert not any("%" in p.name and p.name != name for p in folder.iterdir())
+
+
+def test_a_short_postgres_password_leaves_the_servers_words_as_they_are(pg_server_url: str) -> None:
+    """Every occurrence of the password in libpq's message was replaced: with the password
+    5432 the message read "port *** failed", with the password "port" "*** 5432 failed"."""
+    base = pg_server_url.split("?")[0].rsplit("/", 1)[0]
+    host = base.rsplit("@", 1)[-1]
+    port = host.rsplit(":", 1)[-1] if ":" in host else "5432"
+    for url, words in ((f"postgresql://no_such_role_here:{port}@{host}/test", f"port {port} failed"),
+                       (f"postgresql://postgres:port@{host}/no_such_db_here", f"port {port} failed"),
+                       (f"postgresql://postgres:does@{host}/no_such_db_here", '"no_such_db_here" does not')):
+        with pytest.raises(DatabaseUnavailable) as info:
+            App(url).backend.schema_version()
+        assert words in str(info.value) and "***" in str(info.value).split(": ", 1)[0], info.value
+        assert str(info.value).count("***") == 1, info.value  # (the banner's URL only)
+
+
+@pytest.mark.parametrize(("password", "masked"), [
+    ("top%zzsecret", 'invalid percent-encoded token: "***"'),
+    ("top%00secret", 'forbidden value %00 in percent-encoded value: "***"'),
+    ("top secret", 'unexpected spaces found in "***"'),
+    ('top"se%zzcret', 'invalid percent-encoded token: "***"'),
+])
+def test_a_password_libpq_quotes_is_masked_through_the_api_and_the_cli(
+        pg_server_url: str, password: str, masked: str) -> None:
+    """libpq quotes a token of the URL it cannot read: when that token is the password,
+    the message shows "***" in its place, from the API and from a real process."""
+    import subprocess
+    import sys
+
+    host = pg_server_url.split("?")[0].rsplit("/", 1)[0].rsplit("@", 1)[-1]
+    url = f"postgresql://postgres:{password}@{host}/test"
+    with pytest.raises(DatabaseUnavailable) as info:
+        App(url).backend.schema_version()
+    assert masked in str(info.value) and "secret" not in str(info.value), info.value
+    out = subprocess.run([sys.executable, "-m", "justonce", "status", "--database-url", url],
+                         capture_output=True, text=True, timeout=60)
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and masked in lines[0], lines
+    assert "secret" not in lines[0]
+
+
+def test_a_url_libpq_echoes_whole_is_shown_with_its_password_masked(pg_server_url: str) -> None:
+    """libpq quotes the whole URL for some mistakes (a character after an IPv6 host's
+    bracket): the password in it, as written or as an option, is masked there too."""
+    for url in ("postgresql://postgres:pw5432@[::1]x/test",
+                "postgresql://postgres@[::1]x/test?password=pw5432"):
+        with pytest.raises((DatabaseUnavailable, ConfigurationError)) as info:
+            App(url).backend.schema_version()
+        assert "unexpected character" in str(info.value) and "pw5432" not in str(info.value), info.value
