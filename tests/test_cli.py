@@ -93,6 +93,20 @@ def test_migrate_enqueue_status_and_jobs_commands(db_url: str) -> None:
     (["enqueue", "proc_app.record", "--app", "proc_app:app", "--args", "[1, 2]"],
      "InvalidArguments: arguments do not match proc_app.record"),
     (["enqueue", "proc_app.record", "--app", "proc_app:nope"], "proc_app has no 'nope' (its App: app)"),
+    # int() and float() read these as numbers: a typo ran a job at priority 10.
+    (["enqueue", "t", "--priority", "1_0"], "'1_0' is not an integer"),
+    (["enqueue", "t", "--priority", " 7"], "' 7' is not an integer"),
+    (["enqueue", "t", "--priority", "\u0663"], "is not an integer"),
+    (["enqueue", "t", "--max-attempts", "\uff13"], "is not an integer"),
+    (["enqueue", "t", "--delay", "1_0"], "'1_0' is not a finite number"),
+    (["enqueue", "t", "--delay", " 1.5"], "' 1.5' is not a finite number"),
+    (["enqueue", "t", "--timeout", "inf"], "'inf' is not a finite number"),
+    (["enqueue", "t", "--timeout", "1e999"], "'1e999' is not a finite number"),
+    (["jobs", "list", "--limit", "5_0"], "'5_0' is not an integer"),
+    (["worker", "--app", "x:y", "--lease", "nan"], "'nan' is not a finite number"),
+    (["worker", "--app", "x:y", "--concurrency", "\u0663"], "is not an integer"),
+    (["lists", "create", "l", "--from", "-", "--ttr", "1_0"], "'1_0' is not a finite number"),
+    (["serve", "--port", "80_80"], "'80_80' is not an integer"),
 ])
 def test_bad_input_gets_one_line_and_a_non_zero_exit(db_url: str, args, needle) -> None:
     run("migrate", "--database-url", db_url)
@@ -323,3 +337,32 @@ def test_migrate_over_another_products_tables_is_one_line_on_postgres(foreign: s
         assert len(tables) == 1, tables  # the foreign table alone: the migration rolled back
     finally:
         _drop_schema(server, schema)
+
+
+def test_numbers_written_as_numbers_are_taken(db_url: str) -> None:
+    """The strict reading refuses only what is not written as a number: signs, leading
+    zeros, points and exponents are numbers."""
+    run("migrate", "--database-url", db_url)
+    app = App(db_url, strict=False)
+    for priority, delay in (("-3", "1e3"), ("+3", ".5"), ("007", "2.")):
+        out = run("enqueue", "t", "--priority", priority, "--delay", delay, "--max-attempts", "+2",
+                  "--timeout", "1.5e1", "--database-url", db_url).output
+        job = app.get_job(int(out.split()[1]))
+        assert (job.priority, job.max_attempts, job.timeout) == (int(priority), 2, 15.0)
+    app.close()
+
+
+def test_a_sqlite_path_with_spaces_and_accents_is_percent_decoded(tmp_path: Path) -> None:
+    """``sqlite:///…/a%20b.db`` opened a file literally named ``a%20b.db``: the command line
+    and the API open the same real file, named as the URL's path decodes."""
+    from urllib.parse import quote
+
+    path = tmp_path / "tâches à faire.db"
+    url = "sqlite:///" + quote(str(path))
+    out = run("enqueue", "t", "--args", "[1]", "--database-url", url).output
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".db"] == [path.name]
+    app = App(url, strict=False)
+    assert app.get_job(int(out.split()[1])).args == [1]
+    app.close()
+    bad = run("status", "--database-url", f"sqlite:///{tmp_path}/50%.db", ok=False)
+    assert bad.exit_code == 1 and "write %25 for a '%'" in bad.output

@@ -512,7 +512,8 @@ def test_text_int_and_text_float_read_only_numbers_as_they_are_written() -> None
     for text in ("1_0", " 7", "7 ", "7\n", "\u0663", "\uff17", "1.0", "0x1", "", "+", "-", "1e3",
                  "9" * 5000, None, 7, b"7"):
         assert text_int(text) is None, repr(text)
-    assert [text_float(t) for t in ("1", "-0.5", "+.5", "1.", "1e3", "2.5E-1")] == [1.0, -0.5, 0.5, 1.0, 1e3, 0.25]
+    assert [text_float(t) for t in ("1", "-0.5", "+.5", "1.", "1e3", "2.5E-1")] == [
+        1.0, -0.5, 0.5, 1.0, 1e3, 0.25]
     for text in ("nan", "NaN", "inf", "-inf", "infinity", "1e999", "-1e999", "1_0", " 1.5", "1.5 ",
                  "\u0661.\u0665", ".", "e3", "1e", "0x1p3", "", None, 1.5):
         assert text_float(text) is None, repr(text)

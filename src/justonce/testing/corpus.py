@@ -117,6 +117,9 @@ URLS: list[tuple[str, Any]] = [
     ("postgres-port", "postgresql://h:notaport/db"), ("mysql-path", "mysql://h/a/b"),
     ("pg-escape", "postgresql://h/db_%FF"), ("pg-password-escape", "postgresql://u:pw%FF@h/db"),
     ("mysql-escape", "mysql://u:pw%FF@h/db"), ("pg-reserved-schema", "postgresql://h/db?schema=pg_x"),
+    ("sqlite-escape", "sqlite:///db_%FF.db"), ("sqlite-percent", "sqlite:///50%.db"),
+    ("sqlite-slash", "sqlite:///a%2Fb.db"), ("sqlite-nul-escape", "sqlite:///a%00b.db"),
+    ("pool-size-underscore", "postgresql://h/db?pool_size=1_0"), ("pool-size-digit", "mysql://h/db?pool_size=%D9%A3"),
     ("int", 5), ("bytes", b"sqlite:///x.db"), ("object", Opaque()),
 ]
 """Wrong wherever a database URL goes. (None and the empty string mean "the default":
