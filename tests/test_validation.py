@@ -609,3 +609,19 @@ def test_a_url_libpq_echoes_whole_is_shown_with_its_password_masked(pg_server_ur
         with pytest.raises((DatabaseUnavailable, ConfigurationError)) as info:
             App(url).backend.schema_version()
         assert "unexpected character" in str(info.value) and "pw5432" not in str(info.value), info.value
+
+
+def test_a_postgres_url_option_reaches_libpq_as_written(pg_server_url: str) -> None:
+    """Options were read with parse_qsl and written back with urlencode's '+' for a space:
+    ``?application_name=a%20b`` reached libpq as "a+b" (a ``password=`` option with a space
+    was another password), and a literal '+' became a space. libpq decodes %-escapes only."""
+    base = pg_server_url.split("?")[0]
+    for written, meant in (("a%20b", "a b"), ("a+b", "a+b"), ("a%2Bb%20c", "a+b c")):
+        import psycopg
+
+        app = App(f"{base}?application_name={written}")
+        # (The connection string the App's pool connects with, on a connection of its own:
+        # the scratch database has no justonce tables for the App to use.)
+        with psycopg.connect(app.backend.pg.conninfo) as conn:  # type: ignore[attr-defined]
+            assert conn.execute("SHOW application_name").fetchone()[0] == meant  # type: ignore[index]
+        app.close()

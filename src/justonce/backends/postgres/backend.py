@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from ...errors import (
     ConfigurationError,
@@ -125,7 +125,10 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
         _ = parts.port
     except ValueError:
         raise ConfigurationError(f"malformed port in PostgreSQL URL {shown(redact_url(url))}") from None
-    query = dict(parse_qsl(parts.query))
+    # '+' is a '+' to libpq (it decodes %-escapes only, as in a URL's path): read so here,
+    # and written back with %20 for a space. parse_qsl and urlencode's default spell a space
+    # '+': ?password=a%20b reached libpq as "a+b", and ?application_name=a+b as "a b".
+    query = dict(parse_qsl(parts.query.replace("+", "%2B")))
     ours: dict[str, str] = {
         k: query.pop(k) for k in ("schema", "pool_size", "pgbouncer") if k in query
     }
@@ -138,7 +141,7 @@ def parse_postgres_url(url: str) -> tuple[str, str | None, dict[str, str]]:
                                  "start with pg_ for its system schemas")
     if "pgbouncer" in ours:
         pgbouncer_mode(ours)  # refuse a misspelt value at once
-    conninfo = urlunsplit(parts._replace(query=urlencode(query)))
+    conninfo = urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
     return conninfo, schema, ours
 
 
