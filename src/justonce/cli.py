@@ -83,6 +83,11 @@ class Integer(click.IntRange):
     a value with int(), which takes "1_0" for 10, " 7 " for 7 and "\u0663" for 3: a typo in
     ``--priority 1_0`` ran the job at priority 10."""
 
+    def __init__(self, min: int | None = None, max: int | None = None) -> None:  # noqa: A002 - click's names
+        super().__init__(min, max)
+        if min is None and max is None:
+            self.name = "integer"  # (the help's metavar: INTEGER, as click.INT's)
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
             number = text_int(value)
@@ -92,11 +97,20 @@ class Integer(click.IntRange):
             value = number
         return super().convert(value, param, ctx)
 
+    def _describe_range(self) -> str:
+        # (Without bounds, click's help would read "[x<=None]".)
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
 
 class Number(click.FloatRange):
     """click's FloatRange over finite numbers written as decimals are (validate.text_float):
     click reads a value with float(), which takes "1_0", " 1.5 ", "nan" and "inf" (a
     ``--delay nan`` or ``--lease inf`` means nothing the options could do)."""
+
+    def __init__(self, min: float | None = None, max: float | None = None) -> None:  # noqa: A002 - click's names
+        super().__init__(min, max)
+        if min is None and max is None:
+            self.name = "float"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str):
@@ -106,6 +120,9 @@ class Number(click.FloatRange):
                           "sign, point and exponent)", param, ctx)
             value = number
         return super().convert(value, param, ctx)
+
+    def _describe_range(self) -> str:
+        return "" if self.min is None and self.max is None else super()._describe_range()
 
 
 def host_option(ctx: click.Context, param: click.Parameter, value: str) -> str:
