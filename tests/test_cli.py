@@ -366,3 +366,24 @@ def test_a_sqlite_path_with_spaces_and_accents_is_percent_decoded(tmp_path: Path
     app.close()
     bad = run("status", "--database-url", f"sqlite:///{tmp_path}/50%.db", ok=False)
     assert bad.exit_code == 1 and "write %25 for a '%'" in bad.output
+
+
+def test_every_number_option_reads_numbers_as_they_are_written() -> None:
+    """click's own number types read with int() and float() ("1_0" is 10, "nan" a float):
+    every number a command takes goes through Integer, Number or the id type instead."""
+    import click
+
+    from justonce.cli import ID, Integer, Number
+
+    def params(group: click.Group, path: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group):
+                yield from params(command, (*path, name))
+            else:
+                for p in command.params:
+                    yield " ".join((*path, name)), p
+
+    loose = [f"{where} {p.name}" for where, p in params(cli)
+             if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType))
+             and not isinstance(p.type, (Integer, Number)) and p.type is not ID]
+    assert not loose, f"number options read with int()/float(): {loose}"
