@@ -586,7 +586,7 @@ def effects_in_doubt(scope: str | None, limit: int, database_url: str | None) ->
 @click.option("--redo", "redo", is_flag=True, help="It did not happen: claimable again.")
 @click.option("--note", default=None, help="Why (kept as the entry's last error).")
 @click.option("--force", is_flag=True, help="Also resolve an entry whose lease is still live.")
-@click.option("--lock-timeout", default=5.0, show_default=True, type=click.FloatRange(0.001, 3600),
+@click.option("--lock-timeout", default=5.0, show_default=True, type=Number(0.001, 3600),
               help="Seconds to wait for an entry locked by another process (then fail, "
                    "nothing written).")
 @database_option
