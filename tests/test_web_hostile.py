@@ -759,6 +759,85 @@ def test_token_secrets_are_never_echoed_or_logged(served: tuple[Server, Path], l
     assert "Traceback" not in text
 
 
+WRONG_TYPES: list[str | None] = [
+    "text/plain", "application/x-www-form-urlencoded", None, "application/json; charset=latin-1",
+    'application/json;charset="ISO-8859-1"', "application/jsonx", "application/json+x", "text/json",
+    "multipart/form-data; boundary=x", "application/merge-patch+json", "json", "", "application/",
+]
+"""Content-Type values (None: no header) of a body no route of the API reads."""
+
+
+def typed(content_type: str | None) -> dict[str, str]:
+    return {} if content_type is None else {"content-type": content_type}
+
+
+def test_a_body_of_a_type_the_route_does_not_read_is_415_on_every_route_and_changes_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    """FastAPI read a body it did not take for JSON as bytes and answered 422 ("Input
+    should be a valid dictionary"), blaming fields it never read; a JSON body declared
+    latin-1 was read as UTF-8. Every route that reads a body (its OpenAPI operation has a
+    requestBody) answers 415 UnsupportedMediaType to any other type, or none, before
+    credentials; a route that reads none ignores one as before."""
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    table = route_table()
+    routes = api_actions(world) + [("/api/v1/jobs/actions/preview", {"action": "cancel"}),
+                                   ("/api/v1/session", {"token": server.admin})]
+    before = dump(lib, skip=TOUCHED)
+    reading = 0
+    with server.client(server.admin) as c, server.client() as anon:
+        for path, body in routes:
+            (_, template), = routes_hit(table, "POST", path)
+            operation = doc["paths"][template]["post"]
+            if "requestBody" not in operation:  # (cancel, retry, seal, resume: no body read)
+                assert "415" not in operation["responses"], template
+                continue
+            reading += 1
+            assert "415" in operation["responses"], template
+            accepted = sorted(operation["requestBody"]["content"])
+            for kind in WRONG_TYPES:
+                for raw in (json.dumps(body).encode(), b"{not json", b"x=1&y=2"):
+                    for client in (c, anon):  # the same answer with or without credentials
+                        r = client.post(path, content=raw, headers=typed(kind))
+                        problem = assert_problem(r, 415, "UnsupportedMediaType")
+                        assert sorted(problem["accepted"]) == accepted, (path, kind)
+                        assert "application/json" in problem["detail"], problem
+                        assert set(r.headers["accept-post"].split(", ")) == set(accepted)
+        assert dump(lib, skip=TOUCHED) == before
+        # An empty body is no body, whatever its type says (curl -X POST, curl -d ''):
+        # the pause's body is optional; an enqueue needs one (422, as before).
+        for kind in ("application/x-www-form-urlencoded", "text/plain", None):
+            r = c.post("/api/v1/queues/h-media/pause", content=b"", headers=typed(kind))
+            assert r.status_code == 200, (kind, r.text)
+            assert c.post("/api/v1/queues/h-media/resume").status_code == 200
+            assert_problem(c.post("/api/v1/jobs", content=b"", headers=typed(kind)), 422, "RequestValidation")
+        assert c.get("/api/v1/jobs").status_code == 200  # (the connection is still usable)
+    assert reading >= 18, reading
+    with server.client(server.admin) as c:  # the types that are read: JSON in UTF-8, any case
+        for kind in ("application/json", "application/json; charset=utf-8",
+                     'Application/JSON;charset="UTF-8"', "application/json; foo=bar"):
+            r = c.post("/api/v1/jobs/actions/preview", content=b'{"action": "cancel"}', headers=typed(kind))
+            assert r.status_code == 200, (kind, r.text)
+
+
+def test_a_form_of_the_dashboard_sent_as_another_type_is_a_415_page_and_changes_nothing(
+        server: Server, lib: App, world: dict[str, Any]) -> None:
+    """Every form of the dashboard (and the sign-in) reads an urlencoded body only: any
+    other type is a 415 HTML page (the dashboard's errors are pages), nothing changed."""
+    before = dump(lib, skip=TOUCHED)
+    with server.client(server.admin) as c:
+        for path, form in [*dash_actions(world), ("/signin", {"token": server.admin}),
+                           ("/signout", {})]:
+            for kind in ("application/json", "text/plain", None, "multipart/form-data; boundary=x",
+                         "application/x-www-form-urlencoded; charset=latin-1"):
+                raw = (json.dumps(form) if kind == "application/json" else "&".join(
+                    f"{k}={v}" for k, v in form.items()) or "x=1").encode()
+                r = c.post(path, content=raw, headers=typed(kind))
+                assert r.status_code == 415, (path, kind, r.status_code, r.text[:200])
+                assert r.headers["content-type"].startswith("text/html"), (path, kind)
+                assert "Unsupported Media Type" in r.text and "Traceback" not in r.text
+    assert dump(lib, skip=TOUCHED) == before
+
+
 def test_json_nested_10000_deep_is_a_malformed_json_problem_on_every_route(
         server: Server, lib: App, world: dict[str, Any]) -> None:
     """A body nested past the parser's recursion limit was FastAPI's "There was an error
