@@ -761,7 +761,8 @@ def test_token_secrets_are_never_echoed_or_logged(served: tuple[Server, Path], l
 
 WRONG_TYPES: list[str | None] = [
     "text/plain", "application/x-www-form-urlencoded", None, "application/json; charset=latin-1",
-    'application/json;charset="ISO-8859-1"', "application/jsonx", "application/json+x", "text/json",
+    'application/json;charset="ISO-8859-1"', "application/json; charset*=utf-8''latin-1",
+    "application/json; charset=", "application/jsonx", "application/json+x", "text/json",
     "multipart/form-data; boundary=x", "application/merge-patch+json", "json", "", "application/",
 ]
 """Content-Type values (None: no header) of a body no route of the API reads."""

@@ -123,10 +123,11 @@ def test_a_browser_shows_the_unavailable_page_and_the_dashboard_once_the_databas
 def test_an_unexpected_failure_of_a_page_is_an_html_500_without_its_cause(tmp_path: Path) -> None:
     """A page that fails for a reason nobody foresaw (a route of the application's own,
     here) answers an HTML 500 that says nothing of the cause; the same failure under the
-    API's path stays a problem document."""
+    API's path stays a problem document. So do a path that is nowhere, and a browser's
+    form over the body limit (refused before any route is chosen)."""
     app = App(f"sqlite:///{tmp_path / 'jobs.db'}", strict=False)
     app.migrate()
-    web = create_app(app)
+    web = create_app(app, max_body_bytes=1024)
 
     def broken() -> None:
         raise RuntimeError(f"secret cause {PASSWORD}")
@@ -146,4 +147,10 @@ def test_an_unexpected_failure_of_a_page_is_an_html_500_without_its_cause(tmp_pa
         assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
         assert "no route GET /no/such/page" in r.text
         assert_problem(c.get("/no/such/page"), 404, "NotFound")
+        form = {"content-type": "application/x-www-form-urlencoded"}
+        r = c.post("/jobs/preview", content=b"x" * 2000, headers={**form, "accept": BROWSER_ACCEPT})
+        assert r.status_code == 413 and r.headers["content-type"].startswith("text/html"), r.text
+        assert "limited to 1024 bytes" in r.text
+        assert_problem(c.post("/api/v1/jobs", content=b"x" * 2000, headers={"accept": BROWSER_ACCEPT}),
+                       413, "BodyTooLarge")
     app.close()

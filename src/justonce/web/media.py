@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from email.message import Message
+from email.utils import collapse_rfc2231_value
 from typing import Any, ClassVar
 
 from fastapi import Request, Response
@@ -44,7 +45,10 @@ def media_type(value: str) -> tuple[str, str | None]:
     message["content-type"] = value
     kind = message.get_content_type() if "/" in value.split(";", 1)[0] else ""
     charset = message.get_param("charset")
-    return kind, (charset.lower() if isinstance(charset, str) else None)
+    if charset is None:
+        return kind, None
+    # (an RFC 2231 value, charset*=utf-8''latin-1, comes as a tuple: its text is the charset)
+    return kind, collapse_rfc2231_value(charset).strip().lower()
 
 
 def has_body(request: Request) -> bool:
