@@ -8,6 +8,7 @@ document (503) in the browser window. The JSON API keeps its problem documents."
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -93,6 +94,33 @@ def test_pages_say_the_database_is_away_as_html_and_work_again_when_it_is_back(
             assert browser.get(f"/jobs/{job}").status_code == 200
             assert api.get("/api/v1/queues").status_code == 200
     assert PASSWORD not in (tmp_path / "serve.log").read_text(errors="replace")
+
+
+def test_a_write_locked_sqlite_file_is_a_503_page_for_an_action_and_a_problem_on_the_api(
+        tmp_path: Path) -> None:
+    """Another process holds the service's SQLite file in an exclusive transaction longer
+    than the service's busy timeout. Pages still read (WAL: readers are not blocked); an
+    action of the dashboard answers a 503 HTML page that says the database is busy (one
+    that does not reload itself: that would send the action again), the API's a 503
+    problem; once the lock is let go, the same action succeeds."""
+    path = tmp_path / "jobs.db"
+    with serving(f"sqlite:///{path}?busy_timeout=600", tmp_path / "serve.log") as server:
+        job = App(server.db_url, strict=False).enqueue("pages.locked").id
+        browser, csrf = signed_in(server)
+        api = server.client(server.admin)
+        holder = sqlite3.connect(path, isolation_level=None)
+        with closing(browser), closing(api), closing(holder):
+            holder.execute("BEGIN EXCLUSIVE")
+            assert browser.get("/jobs").status_code == 200
+            r = browser.post(f"/jobs/{job}/cancel", data={"csrf": csrf},
+                             headers={"accept": BROWSER_ACCEPT})
+            assert r.status_code == 503 and r.headers["content-type"].startswith("text/html"), r.text[:300]
+            assert r.headers["retry-after"].isdigit() and 'http-equiv="refresh"' not in r.text
+            assert "The database is busy" in r.text and "Traceback" not in r.text
+            assert_problem(api.post(f"/api/v1/jobs/{job}/cancel"), 503, "LockTimeout")
+            holder.execute("ROLLBACK")
+            assert browser.post(f"/jobs/{job}/cancel", data={"csrf": csrf}).status_code == 303
+            assert api.get(f"/api/v1/jobs/{job}").json()["state"] == "cancelled"
 
 
 def test_a_browser_shows_the_unavailable_page_and_the_dashboard_once_the_database_is_back(

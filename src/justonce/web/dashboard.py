@@ -94,9 +94,11 @@ class PageError(Exception):
     """A page cannot be shown (unknown id, malformed filter), or an action was refused: a
     short HTML answer with its 4xx status and a link back."""
 
-    def __init__(self, status: int, message: str, back: str = "/") -> None:
+    def __init__(self, status: int, message: str, back: str = "/", error: str | None = None) -> None:
         super().__init__(message)
         self.status, self.back = status, back
+        self.error = error or HTTPStatus(status).phrase.title().replace(" ", "")
+        """The error's name on the page (the library's error class, when it is one)."""
 
 
 async def _sign_in_first(request: Request, exc: SignInFirst) -> Response:
@@ -106,8 +108,7 @@ async def _sign_in_first(request: Request, exc: SignInFirst) -> Response:
 
 
 async def _page_error(request: Request, exc: PageError) -> Response:
-    name = HTTPStatus(exc.status).phrase.title().replace(" ", "")
-    return errorpage.render(request, exc.status, name, str(exc), back=_safe_next(exc.back))
+    return errorpage.render(request, exc.status, exc.error, str(exc), back=_safe_next(exc.back))
 
 
 def _env() -> Environment:
@@ -616,5 +617,5 @@ def _guard(fn: Callable[[], Response], back: str) -> Callable[[], Response]:
         except LookupError as exc:
             raise PageError(404, str(exc)) from None
         except JustonceError as exc:
-            raise PageError(status_of(exc), ERRORS[_error_code(exc)], back) from None
+            raise PageError(status_of(exc), ERRORS[_error_code(exc)], back, type(exc).__name__) from None
     return run

@@ -32,7 +32,7 @@ SAID = {
                     "The database does not have this version's tables yet (run justonce "
                     "migrate). This page will work again once it has them."),
     "LockTimeout": ("The database is busy",
-                    "The database did not answer in time (a lock was held). Try again."),
+                    "Another transaction held a lock this one had to wait for, longer than it may wait."),
     "InternalError": ("Something went wrong",
                       "The server could not show this page. The error was logged on the "
                       "server; nothing more is shown here."),
