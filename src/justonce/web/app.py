@@ -145,7 +145,9 @@ def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
         title="justonce", version="1",
         description="Jobs, queues, batches, lists, partitions and effects of one justonce database. "
         "Every call needs `Authorization: Bearer <token>` (justonce tokens create) or a "
-        "session cookie; actions need an admin token. Errors are RFC 9457 problem documents.",
+        "session cookie; actions need an admin token. Errors are RFC 9457 problem documents. "
+        "A request body is `application/json` in UTF-8 (an append to a list also takes JSON "
+        "lines): a body of another type, or without a `Content-Type`, is 415.",
         **fastapi_options,
     )
     api.state.justonce = app

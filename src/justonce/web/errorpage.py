@@ -50,7 +50,10 @@ def _said(status: int, error: str) -> tuple[str, str]:
 
 
 def _local(path: str) -> bool:
-    return path.startswith("/") and not path.startswith("//") and "\\" not in path
+    """A path of this site to link to (the rule of dashboard._safe_next: no //host, no
+    backslash, no whitespace or control characters, which browsers drop: ``/\\t/host``)."""
+    return (path.startswith("/") and not path.startswith("//") and "\\" not in path
+            and not any(c <= " " or c == "\x7f" for c in path))
 
 
 def render(request: Request, status: int, error: str, detail: str | None = None,
