@@ -468,7 +468,9 @@ def test_the_openapi_document_describes_the_list_routes(server: Server) -> None:
     reserve = doc["paths"]["/api/v1/lists/{name}/reserve"]["post"]["responses"]
     assert "204" in reserve and "409" in reserve
     append = doc["paths"]["/api/v1/lists/{name}/items"]["post"]["requestBody"]["content"]
-    assert set(append) == {"application/json", "application/x-ndjson"}
+    assert set(append) == {"application/json", "application/x-ndjson", "application/jsonl",
+                           "application/json-lines"}
+    assert "415" in doc["paths"]["/api/v1/lists/{name}/items"]["post"]["responses"]
 
 
 # -- the dashboard ------------------------------------------------------------------------

@@ -12,9 +12,10 @@ from ..tasks import Enqueue
 from ..types import JobState
 from . import schemas as S
 from .auth import Principal, audit, require_admin, require_read
+from .media import JsonRoute
 from .problems import ERRORS
 
-router = APIRouter(responses=ERRORS)
+router = APIRouter(route_class=JsonRoute, responses=ERRORS)
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
 JobId = Annotated[int, Path(ge=1, le=S.BIGINT), S.PATH_ID]

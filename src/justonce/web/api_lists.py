@@ -22,13 +22,13 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from ..app import App
 from ..lists import LOAD_CHUNK, MAX_ITEMS, ListRun, parse_token
 from ..models import ListInfo, Reservation
-from ..validate import shown
 from . import list_schemas as S
 from .auth import Principal, audit, require_admin, require_read
-from .problems import ERRORS, Problem, documented
+from .media import JsonRoute, media_type
+from .problems import ERRORS, Problem
 from .schemas import BIGINT, QUERY_INT
 
-router = APIRouter(responses=ERRORS, tags=["lists"])
+router = APIRouter(route_class=JsonRoute, responses=ERRORS, tags=["lists"])
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
 Name = Annotated[str, Path(min_length=1, max_length=63, description="The list's name.")]
@@ -94,9 +94,10 @@ def _reservation(app: App, res: Reservation, with_items: bool) -> S.ReservationO
 
 async def _item_body(request: Request) -> list[Any]:
     """The items of an append: a JSON array, or JSON lines (``application/x-ndjson``, one
-    item per line, blank lines skipped). The body is already bounded by BodyLimit."""
+    item per line, blank lines skipped). The body is already bounded by BodyLimit, and its
+    media type checked by the route (media.JsonRoute: those of _APPEND_BODY)."""
     body = await request.body()
-    kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    kind = media_type(request.headers.get("content-type") or "")[0]
     if kind in NDJSON:
         items = []
         for number, line in enumerate(body.split(b"\n"), 1):
@@ -106,7 +107,7 @@ async def _item_body(request: Request) -> list[Any]:
                 items.append(json.loads(line))
             except (ValueError, RecursionError):
                 raise Problem(400, "MalformedJson", f"line {number} is not JSON") from None
-    elif kind in ("application/json", ""):
+    else:  # application/json, or no body at all
         try:
             items = json.loads(body)
         except (ValueError, RecursionError):
@@ -114,9 +115,6 @@ async def _item_body(request: Request) -> list[Any]:
         if not isinstance(items, list):
             raise Problem(422, "RequestValidation", "the body must be a JSON array of items",
                           errors=[{"loc": ["body"], "msg": "expected an array"}])
-    else:
-        raise Problem(415, "UnsupportedMediaType", f"send application/json (an array) or "
-                      f"application/x-ndjson (one item per line), not {shown(kind)}")
     if not 1 <= len(items) <= LOAD_CHUNK:
         raise Problem(422, "RequestValidation", f"send 1 to {LOAD_CHUNK} items per call, not {len(items)}",
                       errors=[{"loc": ["body"], "msg": f"1 to {LOAD_CHUNK} items"}])
@@ -125,7 +123,7 @@ async def _item_body(request: Request) -> list[Any]:
 
 _APPEND_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"type": "array", "items": {}, "minItems": 1, "maxItems": LOAD_CHUNK}},
-    "application/x-ndjson": {"schema": {"type": "string", "description": "One JSON item per line."}},
+    **{kind: {"schema": {"type": "string", "description": "One JSON item per line."}} for kind in NDJSON},
 }}}
 
 
@@ -144,8 +142,7 @@ def create_list(body: S.ListCreateIn, request: Request, who: Admin) -> S.ListOut
     return _out(info)
 
 
-@router.post("/lists/{name}/items", response_model=S.AppendOut, openapi_extra=_APPEND_BODY,
-             responses=documented(415))
+@router.post("/lists/{name}/items", response_model=S.AppendOut, openapi_extra=_APPEND_BODY)
 def append(name: Name, request: Request, who: Admin,
            items: Annotated[list[Any], Depends(_item_body)]) -> S.AppendOut:
     """Append 1 to 10,000 items to a list that is still loading, in one transaction: all

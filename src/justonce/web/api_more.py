@@ -11,9 +11,10 @@ from ..app import App
 from ..types import BatchState
 from . import schemas as S
 from .auth import Principal, audit, require_admin, require_own_session, require_read
+from .media import JsonRoute
 from .problems import ERRORS, Problem
 
-router = APIRouter(responses=ERRORS)
+router = APIRouter(route_class=JsonRoute, responses=ERRORS)
 Reader = Annotated[Principal, Depends(require_read)]
 Admin = Annotated[Principal, Depends(require_admin)]
 BatchId = Annotated[int, Path(ge=1, le=S.BIGINT), S.PATH_ID]

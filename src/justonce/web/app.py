@@ -47,7 +47,7 @@ class BodyLimit:
         if declared is not None:  # (a field value may carry spaces or tabs around it: RFC 9110 5.5)
             declared = declared.strip(b" \t")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._refuse(send)
+            await self._refuse(scope, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -58,7 +58,7 @@ class BodyLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > self.limit:
-                await self._refuse(send)
+                await self._refuse(scope, send)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -74,9 +74,10 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
-        resp = problems.problem_response(
-            413, "BodyTooLarge", f"request bodies are limited to {self.limit} bytes",
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        # (before routing: a browser's form gets a page by its Accept header alone)
+        resp = problems.answer(
+            Request(scope), 413, "BodyTooLarge", f"request bodies are limited to {self.limit} bytes",
             headers={"Connection": "close"})
         await resp({"type": "http"}, _nothing, send)
 
@@ -144,7 +145,9 @@ def create_app(app: App, *, max_body_bytes: int = MAX_BODY_BYTES,
         title="justonce", version="1",
         description="Jobs, queues, batches, lists, partitions and effects of one justonce database. "
         "Every call needs `Authorization: Bearer <token>` (justonce tokens create) or a "
-        "session cookie; actions need an admin token. Errors are RFC 9457 problem documents.",
+        "session cookie; actions need an admin token. Errors are RFC 9457 problem documents. "
+        "A request body is `application/json` in UTF-8 (an append to a list also takes JSON "
+        "lines): a body of another type, or without a `Content-Type`, is 415.",
         **fastapi_options,
     )
     api.state.justonce = app

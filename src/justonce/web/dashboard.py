@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -39,8 +40,9 @@ from ..errors import (
     ValidationError,
 )
 from ..validate import plain_int, shown
-from . import session
+from . import errorpage, session
 from .auth import FormError, Principal, audit, parse_form
+from .media import JsonRoute, PageRoute
 from .problems import status_of
 from .snapshot import STATES, Snapshots
 
@@ -80,6 +82,7 @@ def mount_dashboard(web: FastAPI, app: App, *, interval: float = 1.0) -> Snapsho
     web.include_router(dashboard_router(app, snapshots))
     web.add_exception_handler(SignInFirst, _sign_in_first)  # type: ignore[arg-type]
     web.add_exception_handler(PageError, _page_error)  # type: ignore[arg-type]
+    web.state.error_page = errorpage.render  # (problems.answer: errors of pages as pages)
     return snapshots
 
 
@@ -91,9 +94,11 @@ class PageError(Exception):
     """A page cannot be shown (unknown id, malformed filter), or an action was refused: a
     short HTML answer with its 4xx status and a link back."""
 
-    def __init__(self, status: int, message: str, back: str = "/") -> None:
+    def __init__(self, status: int, message: str, back: str = "/", error: str | None = None) -> None:
         super().__init__(message)
         self.status, self.back = status, back
+        self.error = error or HTTPStatus(status).phrase.title().replace(" ", "")
+        """The error's name on the page (the library's error class, when it is one)."""
 
 
 async def _sign_in_first(request: Request, exc: SignInFirst) -> Response:
@@ -103,11 +108,7 @@ async def _sign_in_first(request: Request, exc: SignInFirst) -> Response:
 
 
 async def _page_error(request: Request, exc: PageError) -> Response:
-    where = "the overview" if exc.back == "/" else "the page"
-    body = (f'<!doctype html><meta charset="utf-8"><link rel="stylesheet" href="/static/dashboard.css">'
-            f"<main><h1>{exc.status}</h1><p>{Markup.escape(str(exc))}</p>"
-            f'<p><a href="{Markup.escape(_safe_next(exc.back))}">Back to {where}</a></p></main>')
-    return HTMLResponse(body, status_code=exc.status, headers=_NO_STORE)
+    return errorpage.render(request, exc.status, exc.error, str(exc), back=_safe_next(exc.back))
 
 
 def _env() -> Environment:
@@ -218,7 +219,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
     env = _env()
-    r = APIRouter(include_in_schema=False)
+    r = APIRouter(include_in_schema=False, route_class=PageRoute)
 
     def render(name: str, request: Request, viewer: Principal, **ctx: Any) -> HTMLResponse:
         snap_now = ctx.pop("now", None) or time.time()
@@ -317,9 +318,12 @@ def dashboard_router(app: App, snapshots: Snapshots) -> APIRouter:
 
     snapshot_page("/", "/live/overview", "overview", "Overview", overview_ctx)
 
-    @r.get("/dashboard/snapshot")
     def snapshot_json(request: Request, viewer: Principal = Viewer) -> Response:
         return JSONResponse(snapshots.get().as_json(), headers=_NO_STORE)
+
+    # JSON for scripts: its errors are problem documents, not pages.
+    r.add_api_route("/dashboard/snapshot", snapshot_json, methods=["GET"],
+                    route_class_override=JsonRoute)
 
     def job_filter(q: dict[str, str]) -> dict[str, Any]:
         f = {k: (q.get(k) or "").strip() or None for k in ("queue", "state", "task")}
@@ -613,5 +617,5 @@ def _guard(fn: Callable[[], Response], back: str) -> Callable[[], Response]:
         except LookupError as exc:
             raise PageError(404, str(exc)) from None
         except JustonceError as exc:
-            raise PageError(status_of(exc), ERRORS[_error_code(exc)], back) from None
+            raise PageError(status_of(exc), ERRORS[_error_code(exc)], back, type(exc).__name__) from None
     return run
