@@ -194,6 +194,94 @@ def test_tables_of_something_else_under_the_demos_names_are_never_dropped(db_url
     conn.close()
 
 
+def test_a_view_under_any_of_the_demos_table_names_stops_it_with_one_line_and_is_kept(
+        db_url: str, tmp_path: Path) -> None:
+    """A view named like one of the demo's tables, with exactly the columns of the demo's
+    table (so that a look at its columns alone takes it for the demo's): the set-up stops
+    before it drops anything, saying what it found and what to do, and the view is still
+    there. (``DROP TABLE IF EXISTS`` on a view was a traceback on SQLite and Postgres.)
+    Each table name in turn, through ``create_schema``; once through the CLI."""
+    from justonce import App
+    from justonce.demo import connect
+    from justonce.demo.push_data import COLUMNS, TABLES, create_schema
+    from justonce.errors import ConfigurationError
+
+    App(db_url).migrate()
+    conn = connect(db_url)
+    try:
+        for table in TABLES:
+            conn.execute(f"CREATE VIEW {table} AS SELECT " + ", ".join(f"1 AS {c}" for c in COLUMNS[table]))
+            with pytest.raises(ConfigurationError, match=f"has a view named {table}: the demo never drops "
+                                                         "what it did not make; drop or rename it yourself"):
+                create_schema(conn)
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 1
+            if table != "demo_users":
+                conn.execute(f"DROP VIEW {table}")
+        result = demo_push(db_url, tmp_path, "--users", "1000", timeout=120)
+        assert result.returncode == 1, result
+        assert "Traceback" not in result.stderr, result.stderr
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "a view named demo_users" in lines[0] and "--database-url" in lines[0], lines
+        assert conn.execute("SELECT count(*) FROM demo_users").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_what_else_may_hold_a_demo_table_name_stops_it_and_is_kept(db_url: str) -> None:
+    """The names a table cannot take when something else holds them: a sequence (Postgres,
+    MariaDB), a type (Postgres), an index (SQLite). One line each, nothing dropped."""
+    from justonce import App
+    from justonce.demo import connect, dialect
+    from justonce.demo.push_data import create_schema
+    from justonce.errors import ConfigurationError
+
+    App(db_url).migrate()  # (on Postgres, its scratch schema)
+    conn = connect(db_url)
+    try:
+        kind = dialect(conn)
+        makes = {"postgres": [("sequence", "CREATE SEQUENCE demo_lists", "SELECT nextval('demo_lists')"),
+                              ("type", "CREATE TYPE demo_lists AS ENUM ('a')", "SELECT 'a'::demo_lists")],
+                 "mysql": [("sequence", "CREATE SEQUENCE demo_lists", "SELECT NEXTVAL(demo_lists)")],
+                 "sqlite": [("index", "CREATE TABLE mine (x text); CREATE INDEX demo_lists ON mine (x)",
+                             "SELECT name FROM sqlite_master WHERE name = 'demo_lists'")]}[kind]
+        for what, make, still in makes:
+            for statement in make.split("; "):
+                conn.execute(statement)
+            with pytest.raises(ConfigurationError, match=f"has an? {what} named demo_lists: "):
+                create_schema(conn)
+            assert conn.execute(still).fetchone() is not None
+            conn.execute(f"DROP {what.upper()} demo_lists")
+        create_schema(conn)  # (nothing in the way now)
+    finally:
+        conn.close()
+
+
+def test_a_users_view_over_the_demos_table_is_never_dropped_with_it(db_url: str) -> None:
+    """A view of the user's that reads the demo's table: the next set-up never drops it.
+    Postgres refuses the table's drop (it has a dependent) and the demo says so in one line;
+    SQLite and MariaDB drop the table under the view, which reads the remade one."""
+    from justonce import App
+    from justonce.demo import connect, dialect
+    from justonce.demo.push_data import create_schema
+    from justonce.errors import ConfigurationError
+
+    App(db_url).migrate()  # (on Postgres, its scratch schema)
+    conn = connect(db_url)
+    try:
+        create_schema(conn)
+        conn.execute("CREATE VIEW my_demo_users AS SELECT id FROM demo_users")
+        if dialect(conn) == "postgres":
+            with pytest.raises(ConfigurationError, match="cannot drop the demo's table demo_users to remake "
+                                                         "it: cannot drop table demo_users because other "
+                                                         "objects depend on it"):
+                create_schema(conn)
+        else:
+            create_schema(conn)
+        assert conn.execute("SELECT count(*) FROM my_demo_users").fetchone()[0] == 0
+    finally:
+        conn.close()
+
+
 def test_a_second_demo_push_on_a_database_where_one_runs_refuses_and_changes_nothing(tmp_path: Path) -> None:
     """A demo's set-up remakes the demo's tables: a second demo on the same database would
     wipe out the Push the first is sending (its whole list then never reached). While one
