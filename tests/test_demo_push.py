@@ -149,6 +149,25 @@ def test_kill_one_into_a_fast_external_server_kills_a_worker_inside_a_chunk_ever
         assert never > 0 and number(out, "  of them in doubt") == never, out
 
 
+def test_kill_one_on_a_push_too_small_to_catch_a_worker_in_a_chunk_says_so_plainly(
+        tmp_path: Path, smtp_sink: str) -> None:
+    """A list of ~90 into smtp-sink: the A/B phase sends it in a few chunks of 25, each a
+    few milliseconds long, and the Push may end before a look finds a worker inside one.
+    Either a worker was killed, and the report says which, or the demo says in words that
+    none was, and the table does not claim one."""
+    result = demo_push(f"sqlite:///{tmp_path / 'small.db'}", tmp_path, "--users", "1000", "--smtp", smtp_sink,
+                       "--kill-one", timeout=180)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    killed = report_value(out, "worker killed with SIGKILL")
+    if "killed worker pid" in out:
+        assert killed.startswith("yes (pid ") and "no worker was killed" not in out, out
+    else:
+        said = r"--kill-one: no worker was killed: (the Push ended before 40%|at each of \d+ look)"
+        assert re.search(said, out), out
+        assert killed == "no: the Push ended first", out
+
+
 def test_the_per_user_jobs_push_with_a_killed_worker_sends_no_user_two_emails(
         db_url: str, tmp_path: Path) -> None:
     if not LONG and not db_url.startswith("sqlite"):
