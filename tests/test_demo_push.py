@@ -323,7 +323,7 @@ def test_what_else_may_hold_a_demo_table_name_stops_it_and_is_kept(db_url: str) 
         conn.close()
 
 
-def test_a_users_view_over_the_demos_table_is_never_dropped_with_it(db_url: str) -> None:
+def test_a_users_view_or_table_over_the_demos_table_is_never_dropped_with_it(db_url: str) -> None:
     """A view of the user's that reads the demo's table: the next set-up never drops it.
     Postgres refuses the table's drop (it has a dependent) and the demo says so in one line;
     SQLite and MariaDB drop the table under the view, which reads the remade one."""
@@ -345,6 +345,18 @@ def test_a_users_view_over_the_demos_table_is_never_dropped_with_it(db_url: str)
         else:
             create_schema(conn)
         assert conn.execute("SELECT count(*) FROM my_demo_users").fetchone()[0] == 0
+        conn.execute("DROP VIEW my_demo_users")
+        # A table of the user's with a foreign key to it: Postgres and MariaDB refuse the
+        # drop (SQLite, its foreign keys off by default, drops it under the table).
+        conn.execute("CREATE TABLE my_orders (id integer PRIMARY KEY, "
+                     "user_id integer REFERENCES demo_users (id))")
+        if dialect(conn) == "sqlite":
+            create_schema(conn)
+        else:
+            with pytest.raises(ConfigurationError, match=r"cannot drop the demo's table demo_users to remake "
+                                                         r"it: [^(]*(depend|foreign key)"):
+                create_schema(conn)
+        assert conn.execute("SELECT count(*) FROM my_orders").fetchone()[0] == 0
     finally:
         conn.close()
 

@@ -153,7 +153,9 @@ def create_schema(conn: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - each driver's own error class
             if not _database_error(exc):
                 raise
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            # (PyMySQL's error is the tuple (code, message): the message says it)
+            text = str(exc.args[1]) if len(exc.args) == 2 and isinstance(exc.args[0], int) else str(exc)
+            reason = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
             raise ConfigurationError(
                 f"cannot drop the demo's table {table} to remake it: {reason} (drop what depends "
                 "on it yourself, or run the demo on another database with --database-url)") from None
