@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,71 @@ def test_a_worker_killed_mid_chunk_leaves_exactly_its_unsent_users_and_redo_reac
     assert rest == listed - sent_ab and waiting == 2000 - sent_ab, started.group(0)
     assert "the sending time includes the waits for the killed worker's leases" in out
     assert number(out, "mail server ceiling (16 plain senders)") > 0
+
+
+@pytest.fixture
+def smtp_sink() -> Iterator[str]:
+    """Postfix's ``smtp-sink`` on a free port of 127.0.0.1: a fast external server, which
+    takes each message and keeps nothing (skipped where it is not installed)."""
+    from justonce.demo.mail import free_port
+
+    exe = shutil.which("smtp-sink") or "/usr/sbin/smtp-sink"
+    if not os.path.exists(exe):
+        pytest.skip("no smtp-sink (apt-get install postfix)")
+    address = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([exe, *(["-u", "nobody"] if os.geteuid() == 0 else []), address, "1024"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        host, port = address.rsplit(":", 1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "smtp-sink did not start"
+                time.sleep(0.1)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_kill_one_into_a_fast_external_server_kills_a_worker_inside_a_chunk_every_time(
+        db_url: str, tmp_path: Path, smtp_sink: str) -> None:
+    """``--kill-one --smtp`` into smtp-sink, three times in a row: each run kills one worker
+    with live claims of the Push (its entries left in doubt), and no user is marked sent
+    twice. Against a server this fast the Push once ended before the kill landed (the
+    workers were looked at one at a time, the others sending on meanwhile): nothing
+    killed, and nothing said of it but a "no" in the table."""
+    for run in range(3):
+        result = demo_push(db_url, tmp_path, "--users", "60000", "--smtp", smtp_sink, "--kill-one")
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out
+        assert "killed worker pid" in out and "no worker was killed" not in out, (run, out)
+        assert report_value(out, "worker killed with SIGKILL").startswith("yes (pid "), out
+        # Killed inside its chunk: its claimed, unmarked users are in doubt, never reached.
+        never = number(out, "users of the list never reached")
+        assert never > 0 and number(out, "  of them in doubt") == never, out
+
+
+def test_kill_one_on_a_push_too_small_to_catch_a_worker_in_a_chunk_says_so_plainly(
+        tmp_path: Path, smtp_sink: str) -> None:
+    """A list of ~90 into smtp-sink: the A/B phase sends it in a few chunks of 25, each a
+    few milliseconds long, and the Push may end before a look finds a worker inside one.
+    Either a worker was killed, and the report says which, or the demo says in words that
+    none was, and the table does not claim one."""
+    result = demo_push(f"sqlite:///{tmp_path / 'small.db'}", tmp_path, "--users", "1000", "--smtp", smtp_sink,
+                       "--kill-one", timeout=180)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    killed = report_value(out, "worker killed with SIGKILL")
+    if "killed worker pid" in out:
+        assert killed.startswith("yes (pid ") and "no worker was killed" not in out, out
+    else:
+        said = r"--kill-one: no worker was killed: (the Push ended before 40%|at each of \d+ look)"
+        assert re.search(said, out), out
+        assert killed == "no: the Push ended first", out
 
 
 def test_the_per_user_jobs_push_with_a_killed_worker_sends_no_user_two_emails(
@@ -192,6 +259,106 @@ def test_tables_of_something_else_under_the_demos_names_are_never_dropped(db_url
     assert "Traceback" not in result.stderr
     assert [tuple(r) for r in conn.execute("SELECT invoice FROM demo_pushes").fetchall()] == [("important",)]
     conn.close()
+
+
+def test_a_view_under_any_of_the_demos_table_names_stops_it_with_one_line_and_is_kept(
+        db_url: str, tmp_path: Path) -> None:
+    """A view named like one of the demo's tables, with exactly the columns of the demo's
+    table (so that a look at its columns alone takes it for the demo's): the set-up stops
+    before it drops anything, saying what it found and what to do, and the view is still
+    there. (``DROP TABLE IF EXISTS`` on a view was a traceback on SQLite and Postgres.)
+    Each table name in turn, through ``create_schema``; once through the CLI."""
+    from justonce import App
+    from justonce.demo import connect
+    from justonce.demo.push_data import COLUMNS, TABLES, create_schema
+    from justonce.errors import ConfigurationError
+
+    App(db_url).migrate()
+    conn = connect(db_url)
+    try:
+        for table in TABLES:
+            conn.execute(f"CREATE VIEW {table} AS SELECT " + ", ".join(f"1 AS {c}" for c in COLUMNS[table]))
+            with pytest.raises(ConfigurationError, match=f"has a view named {table}: the demo never drops "
+                                                         "what it did not make; drop or rename it yourself"):
+                create_schema(conn)
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 1
+            if table != "demo_users":
+                conn.execute(f"DROP VIEW {table}")
+        result = demo_push(db_url, tmp_path, "--users", "1000", timeout=120)
+        assert result.returncode == 1, result
+        assert "Traceback" not in result.stderr, result.stderr
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "a view named demo_users" in lines[0] and "--database-url" in lines[0], lines
+        assert conn.execute("SELECT count(*) FROM demo_users").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_what_else_may_hold_a_demo_table_name_stops_it_and_is_kept(db_url: str) -> None:
+    """The names a table cannot take when something else holds them: a sequence (Postgres,
+    MariaDB), a type (Postgres), an index (SQLite). One line each, nothing dropped."""
+    from justonce import App
+    from justonce.demo import connect, dialect
+    from justonce.demo.push_data import create_schema
+    from justonce.errors import ConfigurationError
+
+    App(db_url).migrate()  # (on Postgres, its scratch schema)
+    conn = connect(db_url)
+    try:
+        kind = dialect(conn)
+        makes = {"postgres": [("sequence", "CREATE SEQUENCE demo_lists", "SELECT nextval('demo_lists')"),
+                              ("type", "CREATE TYPE demo_lists AS ENUM ('a')", "SELECT 'a'::demo_lists")],
+                 "mysql": [("sequence", "CREATE SEQUENCE demo_lists", "SELECT NEXTVAL(demo_lists)")],
+                 "sqlite": [("index", "CREATE TABLE mine (x text); CREATE INDEX demo_lists ON mine (x)",
+                             "SELECT name FROM sqlite_master WHERE name = 'demo_lists'")]}[kind]
+        for what, make, still in makes:
+            for statement in make.split("; "):
+                conn.execute(statement)
+            with pytest.raises(ConfigurationError, match=f"has an? {what} named demo_lists: "):
+                create_schema(conn)
+            assert conn.execute(still).fetchone() is not None
+            conn.execute(f"DROP {what.upper()} demo_lists")
+        create_schema(conn)  # (nothing in the way now)
+    finally:
+        conn.close()
+
+
+def test_a_users_view_or_table_over_the_demos_table_is_never_dropped_with_it(db_url: str) -> None:
+    """A view of the user's that reads the demo's table: the next set-up never drops it.
+    Postgres refuses the table's drop (it has a dependent) and the demo says so in one line;
+    SQLite and MariaDB drop the table under the view, which reads the remade one."""
+    from justonce import App
+    from justonce.demo import connect, dialect
+    from justonce.demo.push_data import create_schema
+    from justonce.errors import ConfigurationError
+
+    App(db_url).migrate()  # (on Postgres, its scratch schema)
+    conn = connect(db_url)
+    try:
+        create_schema(conn)
+        conn.execute("CREATE VIEW my_demo_users AS SELECT id FROM demo_users")
+        if dialect(conn) == "postgres":
+            with pytest.raises(ConfigurationError, match="cannot drop the demo's table demo_users to remake "
+                                                         "it: cannot drop table demo_users because other "
+                                                         "objects depend on it"):
+                create_schema(conn)
+        else:
+            create_schema(conn)
+        assert conn.execute("SELECT count(*) FROM my_demo_users").fetchone()[0] == 0
+        conn.execute("DROP VIEW my_demo_users")
+        # A table of the user's with a foreign key to it: Postgres and MariaDB refuse the
+        # drop (SQLite, its foreign keys off by default, drops it under the table).
+        conn.execute("CREATE TABLE my_orders (id integer PRIMARY KEY, "
+                     "user_id integer REFERENCES demo_users (id))")
+        if dialect(conn) == "sqlite":
+            create_schema(conn)
+        else:
+            with pytest.raises(ConfigurationError, match=r"cannot drop the demo's table demo_users to remake "
+                                                         r"it: [^(]*(depend|foreign key)"):
+                create_schema(conn)
+        assert conn.execute("SELECT count(*) FROM my_orders").fetchone()[0] == 0
+    finally:
+        conn.close()
 
 
 def test_a_second_demo_push_on_a_database_where_one_runs_refuses_and_changes_nothing(tmp_path: Path) -> None:

@@ -80,6 +80,8 @@ class Run:
     ceiling: Ceiling | None = None
     rest_enqueued: int | None = None
     killed: int | None = None
+    kill_looks: int = 0
+    """--kill-one: the looks for a worker inside a chunk (all workers frozen for each)."""
     elapsed: float = 0.0
     sent: int = 0
     in_doubt: int = 0
@@ -113,7 +115,7 @@ def run_push_demo(database_url: str | None, opts: Options, out: Console) -> bool
                   "(or use another database)[/red]")
         return False
     lease.start_renewing()
-    # SIGTERM ends the demo through its finally blocks (its workers stopped, a worker it
+    # SIGTERM ends the demo through its finally blocks (its workers stopped, the workers it
     # froze to pick a victim let go on), not at once.
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
@@ -357,7 +359,8 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
                 else:
                     sent, pause = done, 0.05  # (only the ledger's count can say: look often)
                 if sent >= len(run.members) * KILL_AT:
-                    run.killed = _kill_a_sender(run.scope, procs)
+                    run.kill_looks += 1
+                    run.killed = _again(lambda: _kill_a_sender(run.scope, procs))
                     if run.killed is not None:
                         # Counted after the kill, not before the look that chose the victim
                         # (seconds of sends later on a busy database).
@@ -390,6 +393,18 @@ def _send(run: Run, queue: str, opts: Options, procs: list[subprocess.Popen[Any]
             _held(lease)
             time.sleep(0.05 if opts.kill_one and run.killed is None else 0.1)
     run.elapsed = run.elapsed or time.perf_counter() - t1
+    if opts.kill_one and run.killed is None:
+        # Said plainly, not left to a "no" in the table: the run shows nothing of a kill.
+        out.print(f"[yellow]--kill-one: no worker was killed: {_why_no_kill(run)}[/yellow]")
+
+
+def _why_no_kill(run: Run) -> str:
+    """Why a Push with --kill-one ended with nobody killed, in a phrase."""
+    if not run.kill_looks:
+        return (f"the Push ended before {KILL_AT:.0%} of its list was sent (a list this small, or "
+                "a mail server this fast, leaves no moment to kill a worker in the middle of a chunk)")
+    return (f"at each of {run.kill_looks} look(s), from {KILL_AT:.0%} of the list sent to the end, "
+            "no worker held a claimed, unsent chunk (the Push ended first)")
 
 
 def _again(read: Callable[[], T]) -> T:
@@ -429,40 +444,46 @@ def _live_jobs(queue: str) -> int:
 
 
 def _kill_a_sender(scope: str, procs: list[subprocess.Popen[Any]]) -> int | None:
-    """SIGKILL one of ``procs`` in the middle of its sends: a worker that holds claimed,
-    unmarked ledger entries of the Push (``scope``) right now, by their owner (``host:pid:…``).
-    It is frozen (SIGSTOP) and looked at again a moment later (what it had sent before it
-    stopped lands first), so that it cannot mark its chunks done between the look and the
-    kill; one that holds none by then is let go on (SIGCONT). None when no worker holds a
-    live claim at this moment (between its chunks, or scanning): the caller looks again.
-    (Killing the holder of a running job instead could hit a worker whose senders were all
-    between chunks: nothing in doubt.)"""
-    ours = {p.pid for p in procs if p.poll() is None}
-
-    def holders() -> Counter[int]:
+    """SIGKILL one of ``procs`` in the middle of its sends: the worker that holds the most
+    claimed, unmarked ledger entries of the Push (``scope``), by their owner
+    (``host:pid:…``). Every live worker is frozen (SIGSTOP) at once and the ledger looked
+    at a moment later (the done marks they sent before they stopped land first); the
+    holder is killed and the others let go on (SIGCONT). Frozen together, no worker can
+    mark its chunk done between the look and the kill, and the Push cannot end meanwhile:
+    looking at one worker at a time (the others sending on through each 0.3 s look) let a
+    Push into a fast server run from the moment the kill was due to its end, or well past
+    it. None when no worker holds a live claim at that moment (all between chunks, or the
+    Push done): the caller looks again. (Killing the holder of a running job instead could
+    hit a worker whose senders were all between chunks: nothing in doubt.)"""
+    frozen: list[int] = []
+    victim: int | None = None
+    try:
+        for p in procs:
+            if p.poll() is None:  # (not reaped: its pid is still its own)
+                try:
+                    os.kill(p.pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                frozen.append(p.pid)
+        if not frozen:
+            return None
+        time.sleep(0.3)  # (a done mark sent just before the stop lands first)
         held: Counter[int] = Counter()
         for entry in _entries(scope, "running"):
             pid = owner_pid(entry.owner)
-            if entry.state == "running" and pid in ours:  # (a live claim, not in doubt)
+            if entry.state == "running" and pid in frozen:  # (a live claim, not in doubt)
                 held[pid] += 1
-        return held
-
-    for pid, _ in holders().most_common():
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:
-            continue
-        try:
-            time.sleep(0.3)  # (a done mark it sent just before it stopped lands first)
-            held = holders()[pid]
-        except BaseException:
-            os.kill(pid, signal.SIGCONT)  # (never left stopped)
-            raise
         if held:
-            os.kill(pid, signal.SIGKILL)  # (a stopped process cannot have exited meanwhile)
-            return pid
-        os.kill(pid, signal.SIGCONT)
-    return None
+            victim = held.most_common(1)[0][0]
+            os.kill(victim, signal.SIGKILL)  # (a stopped process cannot have exited meanwhile)
+        return victim
+    finally:
+        for pid in frozen:
+            if pid != victim:
+                try:
+                    os.kill(pid, signal.SIGCONT)  # (never left stopped, whatever was raised)
+                except ProcessLookupError:
+                    pass
 
 
 def _settle(run: Run) -> None:
@@ -569,7 +590,8 @@ def _report(out: Console, run: Run, recorder: Recorder | None, opts: Options) ->
         table.add_row("sent again with --redo (the never sent)", str(run.redone))
     table.add_row("users of the list never reached", str(len(missed)))
     table.add_row("  of them in doubt", str(sum(1 for u in missed if str(u) in doubt)))
-    table.add_row("worker killed with SIGKILL", f"yes (pid {run.killed})" if run.killed else "no")
+    table.add_row("worker killed with SIGKILL", f"yes (pid {run.killed})" if run.killed
+                  else "no: the Push ended first" if opts.kill_one else "no")
     table.add_row("set-up time (users, list, Push)", f"{run.setup_s:.1f}s")
     table.add_row("sending time", f"{run.elapsed:.1f}s")
     rate = run.sent / run.elapsed if run.elapsed else 0.0

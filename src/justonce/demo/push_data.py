@@ -76,31 +76,89 @@ COLUMNS = {
 """The demo's tables as create_schema makes them: any other table of these names is not
 the demo's, and is never dropped."""
 
+KINDS = {
+    # pg_class.relkind
+    "r": "table", "p": "partitioned table", "v": "view", "m": "materialized view",
+    "f": "foreign table", "S": "sequence", "i": "index", "I": "partitioned index",
+    "c": "composite type", "t": "TOAST table",
+    # information_schema.TABLES.TABLE_TYPE (MariaDB)
+    "BASE TABLE": "table", "VIEW": "view", "SEQUENCE": "sequence",
+    "SYSTEM VERSIONED": "system-versioned table", "TEMPORARY": "temporary table",
+}
 
-def _columns(conn: Any, table: str) -> list[str] | None:
-    """The columns of ``table``, or None when there is no such table."""
-    try:
-        cur = conn.execute(f"SELECT * FROM {table} WHERE 1 = 0")
-    except Exception:  # noqa: BLE001 - no such table (each dialect says it its own way;
-        return None     # the demo's connections are in autocommit: nothing to roll back)
+
+def _kind(conn: Any, name: str) -> str | None:
+    """What the database has under ``name`` where the demo would create its table (the
+    schema of the connection's search path, the MySQL database, the SQLite file's main
+    schema): "table" for a plain table, another word for anything else that holds the
+    name (a view, a sequence, an index, a type), None for nothing. Read from the
+    catalogue, not by trying a statement: ``DROP TABLE IF EXISTS`` on a view is an error
+    on SQLite and Postgres, and a ``SELECT`` cannot tell a view from a table."""
+    kind = dialect(conn)
+    if kind == "sqlite":
+        # (tables, views and indexes share one namespace there; triggers have their own)
+        row = conn.execute("SELECT type FROM sqlite_master WHERE lower(name) = lower(?) "
+                           "AND type IN ('table', 'view', 'index')", (name,)).fetchone()
+    elif kind == "mysql":
+        row = conn.execute("SELECT TABLE_TYPE FROM information_schema.TABLES "
+                           "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (name,)).fetchone()
+    else:
+        # A relation of any kind, else a type (an enum, a domain): CREATE TABLE makes a
+        # row type of the table's name, so a type of that name stops it too.
+        row = conn.execute("SELECT COALESCE((SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)), "
+                           "CASE WHEN to_regtype(%s) IS NOT NULL THEN 'type' END)", (name, name)).fetchone()
+        row = row if row and row[0] is not None else None
+    if row is None:
+        return None
+    return KINDS.get(str(row[0]), str(row[0]).lower())
+
+
+def _columns(conn: Any, table: str) -> list[str]:
+    """The columns of ``table`` (one that exists), in order."""
+    cur = conn.execute(f"SELECT * FROM {table} WHERE 1 = 0")
     return [str(d[0]).lower() for d in cur.description or ()]
 
 
+def _not_ours(conn: Any, table: str) -> str | None:
+    """Why the object the database has under ``table`` is not the demo's table (one
+    phrase), or None when it is the demo's or there is none."""
+    kind = _kind(conn, table)
+    if kind is None:
+        return None
+    if kind != "table":
+        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} named {table}"
+    found = _columns(conn, table)
+    if found != COLUMNS[table]:
+        return f"a table {table} that is not the demo's (columns {', '.join(found) or 'none'})"
+    return None
+
+
 def create_schema(conn: Any) -> None:
-    """Remake the demo's tables (dropped first: each run starts afresh). A table of one
-    of their names that is not the demo's (other columns) stops the demo instead: it
-    belongs to something else, and is left as it is."""
+    """Remake the demo's tables (dropped first: each run starts afresh). Anything else
+    under one of their names (a view, a table of other columns, a sequence) stops the demo
+    with one line instead, before anything is dropped: it belongs to something else, and
+    is left as it is. A drop the database refuses (a view of the user's over the demo's
+    table, on Postgres) stops it with the database's own reason."""
     kind = dialect(conn)
     real, js = {"postgres": ("float8", "jsonb"), "mysql": ("DOUBLE", "JSON")}.get(kind, ("REAL", "TEXT"))
     for table in TABLES:
-        found = _columns(conn, table)
-        if found is not None and found != COLUMNS[table]:
+        found = _not_ours(conn, table)
+        if found is not None:
             raise ConfigurationError(
-                f"this database has a table {table} that is not the demo's (columns "
-                f"{', '.join(found)}): run the demo on another database (--database-url), "
-                "or drop that table yourself")
+                f"this database has {found}: the demo never drops what it did not make; "
+                "drop or rename it yourself, or run the demo on another database (--database-url)")
     for table in TABLES:
-        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        try:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        except Exception as exc:  # noqa: BLE001 - each driver's own error class
+            if not _database_error(exc):
+                raise
+            # (PyMySQL's error is the tuple (code, message): the message says it)
+            text = str(exc.args[1]) if len(exc.args) == 2 and isinstance(exc.args[0], int) else str(exc)
+            reason = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+            raise ConfigurationError(
+                f"cannot drop the demo's table {table} to remake it: {reason} (drop what depends "
+                "on it yourself, or run the demo on another database with --database-url)") from None
     conn.execute(f"CREATE TABLE demo_users (id integer PRIMARY KEY, email varchar(100) NOT NULL, "
                  f"lat {real} NOT NULL, lon {real} NOT NULL, interests varchar(200) NOT NULL)")
     conn.execute(f"CREATE TABLE demo_lists (id integer PRIMARY KEY, name text NOT NULL, "
@@ -111,6 +169,13 @@ def create_schema(conn: Any) -> None:
                  "variant varchar(10) NOT NULL, PRIMARY KEY (push_id, user_id))")
     conn.execute("CREATE TABLE demo_push_reached (push_id integer NOT NULL, user_id integer NOT NULL, "
                  "PRIMARY KEY (push_id, user_id))")
+
+
+def _database_error(exc: Exception) -> bool:
+    """Whether ``exc`` is the database's refusal (sqlite3's, psycopg's or PyMySQL's
+    DB-API ``Error``), not a bug of the demo's."""
+    return any(c.__name__ == "Error" and c.__module__.split(".")[0] in ("sqlite3", "psycopg", "pymysql")
+               for c in type(exc).__mro__)
 
 
 def load_users(conn: Any, n: int, seed: int) -> None:
