@@ -143,8 +143,11 @@ class EffectsOutcome:
 
     def __str__(self) -> str:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()) if n) or "none"
-        return (f"{self.scope}: {self.keys} keys in {self.chunks} chunks, {self.done} done "
-                f"({self.redone} redone), skipped {skipped}, {len(self.failed)} failed, "
+        # "(0 redone)" read, after an operator's redo, as if nothing had been sent again:
+        # redone counts only entries found in doubt and redone at least once.
+        return (f"{self.scope}: {self.keys} keys in {self.chunks} chunks, {self.done} done"
+                + (f" ({self.redone} of them in doubt, redone)" if self.redone else "")
+                + f", skipped {skipped}, {len(self.failed)} failed, "
                 f"{len(self.overtaken)} overtaken, "
                 + (f"{len(self.late)} late, " if self.late else "")
                 + (f"{len(self.left_in_doubt)} left in doubt, " if self.left_in_doubt else "")
