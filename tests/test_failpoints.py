@@ -8,17 +8,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet import fleet_on, ledger, proc_app_on, wait_for
+from fleet import events, fleet_on, ledger, named, proc_app_on, wait_for
 from justonce import App, Backoff, current_job, failpoints
 from justonce.errors import InvalidOption
-from justonce.events import subscribe
 from justonce.failpoints import FailpointError
 
 
@@ -150,21 +147,6 @@ def test_a_worker_frozen_between_choosing_a_job_and_starting_it_does_not_start_i
 
 
 # -- a write that committed and whose reply was lost ------------------------------------------
-
-
-@contextmanager
-def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    """Every event reported in this process meanwhile, as (name, fields)."""
-    got: list[tuple[str, dict[str, Any]]] = []
-    unsubscribe = subscribe(lambda e, f: got.append((e.value, dict(f))))
-    try:
-        yield got
-    finally:
-        unsubscribe()
-
-
-def named(got: list[tuple[str, dict[str, Any]]], name: str) -> list[dict[str, Any]]:
-    return [f for e, f in got if e == name]
 
 
 def test_completions_whose_reply_was_lost_after_the_commit_are_the_successes_they_were(

@@ -962,22 +962,32 @@ class Worker:
     def _supervise_loop(self) -> None:
         tick = min(0.1, self.heartbeat / 4)
         next_beat = time.monotonic() + self.heartbeat
-        last = time.monotonic()
-        while not self._closed.wait(tick):
+        while True:
+            # A pause is measured across the sleep alone: a round's own wait on the database
+            # (a pooled connection, a renewal behind a lock, a database that is away) is no
+            # pause of the process, and counting it dropped every unstarted job for nothing.
+            # Leases that run out while the round waits are caught by each job's (and each
+            # slot's) monotonic deadline, which needs no ticking.
+            before = time.monotonic()
+            if self._closed.wait(tick):
+                return
+            slept = time.monotonic() - before
             try:
-                now = time.monotonic()
-                gap, last = now - last, now
-                if gap > tick + self.heartbeat:
-                    self._after_pause(gap)
-                    next_beat = now  # renew what is left at once
+                if slept > tick + self.heartbeat:
+                    self._after_pause(slept)
+                    next_beat = time.monotonic()  # renew what is left at once
                 self._check_timeouts()
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.heartbeat
                     self._renew_leases()
                     if self.keeper is not None:
-                        self._partition_round()
-            except Exception:  # a dead supervisor would let every lease expire
-                emit(Event.SUPERVISOR_ERROR, "supervisor round failed", exc_info=True)
+                        try:
+                            self._partition_round()
+                        except JustonceError as exc:  # the database is away: said in one line
+                            emit(Event.PARTITION_ERROR, "partition round failed", error=str(exc))
+            except Exception as exc:  # a dead supervisor would let every lease expire
+                emit(Event.SUPERVISOR_ERROR, "supervisor round failed", error=str(exc),
+                     exc_info=not isinstance(exc, JustonceError))
 
     def _after_pause(self, gap: float) -> None:
         """The process did not run for ``gap`` s (stopped, or starved): any lease may have
