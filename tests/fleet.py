@@ -22,6 +22,7 @@ import pytest
 
 import proc_app
 from justonce import App, Job
+from justonce.events import subscribe
 from justonce.owner import owner_pid
 
 HERE = Path(__file__).resolve().parent
@@ -34,6 +35,22 @@ POLL = 0.2
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+
+@contextmanager
+def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Every event reported in this process meanwhile, as (name, fields)."""
+    got: list[tuple[str, dict[str, Any]]] = []
+    unsubscribe = subscribe(lambda e, f: got.append((e.value, dict(f))))
+    try:
+        yield got
+    finally:
+        unsubscribe()
+
+
+def named(got: list[tuple[str, dict[str, Any]]], name: str) -> list[dict[str, Any]]:
+    """The fields of the events called ``name`` among ``got`` (see events())."""
+    return [f for e, f in got if e == name]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:

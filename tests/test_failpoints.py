@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fleet import fleet_on, ledger, proc_app_on, wait_for
-from justonce import failpoints
+from fleet import events, fleet_on, ledger, named, proc_app_on, wait_for
+from justonce import App, Backoff, current_job, failpoints
 from justonce.errors import InvalidOption
 from justonce.failpoints import FailpointError
 
@@ -143,3 +144,100 @@ def test_a_worker_frozen_between_choosing_a_job_and_starting_it_does_not_start_i
         assert [(n, pid) for n, pid, _ in runs] == [(1, b.pid)], (runs, a.tail())
         assert a.popen.poll() is None and b.popen.poll() is None
         assert app.get_job(job.id).state == "succeeded"
+
+
+# -- a write that committed and whose reply was lost ------------------------------------------
+
+
+def test_completions_whose_reply_was_lost_after_the_commit_are_the_successes_they_were(
+        app: App, worker_factory: Any) -> None:
+    """The completions' write commits and its reply is lost (the failpoint raises after the
+    COMMIT, as a connection that broke right then would). The worker writes them again and
+    is refused (the rows are no longer running); the rows show them succeeded under its own
+    lease tokens, so they are its successes: job.succeeded with reply_lost, counted as
+    succeeded, and no job.rejected (which said "lease lost" of jobs that had succeeded)."""
+    @app.task(name="double")
+    def double(n: int) -> int:
+        return 2 * n
+
+    jobs = [double.enqueue(n) for n in range(3)]  # one claim takes them all
+    failpoints.configure("ack.after_commit=1*raise")
+    with events() as got:
+        w = worker_factory(concurrency=4)
+        for n, job in enumerate(jobs):
+            assert app.wait(job.id, 30).result == 2 * n
+        wait_for(lambda: w.stats.succeeded + w.stats.rejected >= len(jobs), 30,
+                 "the worker to settle every completion")
+    assert [h["point"] for h in named(got, "failpoint.hit")] == ["ack.after_commit"]
+    assert (w.stats.succeeded, w.stats.rejected) == (3, 0)
+    assert named(got, "job.rejected") == []
+    succeeded = named(got, "job.succeeded")
+    assert sorted(f["job_id"] for f in succeeded) == [j.id for j in jobs]
+    assert any(f.get("reply_lost") for f in succeeded), succeeded
+    for job in jobs:
+        done = app.get_job(job.id)
+        assert (done.state, done.attempts, done.errors) == ("succeeded", 1, []), done
+
+
+@pytest.mark.parametrize("max_attempts, state", [(1, "dead"), (2, "scheduled")])
+def test_a_failure_whose_reply_was_lost_after_the_commit_is_the_failure_it_was(
+        app: App, worker_factory: Any, max_attempts: int, state: str) -> None:
+    """The failed attempt's write commits and its reply is lost; the worker's second try is
+    refused. The row still carries the worker's lease token, its attempt count and its
+    error, in the state the write makes (dead on the last attempt, else scheduled for the
+    retry): the failure is the worker's own, logged job.failed (reply_lost) with that
+    state, not job.rejected. The retry then runs once and succeeds."""
+    @app.task(name="once_broken", max_attempts=max_attempts,
+              backoff=Backoff(base=1.5, factor=1, jitter=0))
+    def once_broken() -> str:
+        job = current_job()
+        assert job is not None
+        if job.attempts == 1:
+            raise RuntimeError("broken on the first attempt")
+        return "fine"
+
+    job = once_broken.enqueue()
+    failpoints.configure("fail.after_commit=1*raise")
+    with events() as got:
+        w = worker_factory(concurrency=1)
+        wait_for(lambda: w.stats.failed + w.stats.rejected >= 1, 30, "the failure to be settled")
+        if state == "scheduled":
+            assert app.wait(job.id, 30).result == "fine"
+            wait_for(lambda: w.stats.succeeded >= 1, 30, "the retry's success to be settled")
+    assert [h["point"] for h in named(got, "failpoint.hit")] == ["fail.after_commit"]
+    assert named(got, "job.rejected") == []
+    failed = named(got, "job.failed")
+    assert [(f["job_id"], f["state"], f.get("reply_lost")) for f in failed] == [(job.id, state, True)]
+    assert (w.stats.failed, w.stats.rejected) == (1, 0)
+    final = app.get_job(job.id)
+    assert [e["kind"] for e in final.errors] == ["failed"], final.errors
+    if state == "scheduled":
+        assert (final.state, final.attempts) == ("succeeded", 2)
+    else:
+        assert (final.state, final.attempts) == ("dead", 1)
+
+
+def test_a_completion_refused_after_a_lost_reply_is_still_refused_when_it_did_not_land(
+        app: App, worker_factory: Any) -> None:
+    """The other side: a completion whose write raised and which is then refused is not
+    claimed as a success unless the row shows it. Here the job is cancelled while it runs
+    (its completion cannot land), and the write raises once: the row is cancelled under the
+    worker's token, not succeeded, so the worker reports job.rejected, as before."""
+    @app.task(name="cancelled_while_running")
+    def cancelled_while_running() -> int:
+        job = current_job()
+        assert job is not None
+        app.cancel(job.id)
+        return 1
+
+    job = cancelled_while_running.enqueue()
+    failpoints.configure("ack.after_commit=1*raise")
+    with events() as got:
+        w = worker_factory(concurrency=1)
+        wait_for(lambda: w.stats.succeeded + w.stats.rejected >= 1, 30,
+                 "the worker to settle the completion")
+    assert [h["point"] for h in named(got, "failpoint.hit")] == ["ack.after_commit"]
+    assert (w.stats.succeeded, w.stats.rejected) == (0, 1)
+    assert [f["job_id"] for f in named(got, "job.rejected")] == [job.id]
+    assert named(got, "job.succeeded") == []
+    assert app.get_job(job.id).state == "cancelled"

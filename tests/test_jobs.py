@@ -232,6 +232,26 @@ def test_late_completion_from_expired_lease_is_rejected(tapp: App) -> None:
     assert [e["kind"] for e in final.errors] == ["lease_expired"]
 
 
+
+def test_settled_names_the_jobs_a_token_left_settled_and_nothing_else(tapp: App) -> None:
+    """job_settled, asked by a worker whose write's reply was lost: of (id, token) pairs,
+    the jobs still carrying that token and no longer running, with state, attempts and
+    last error. A running job, a token not the job's, and a job claimed again are left out."""
+    a, b, c, d = (tapp.enqueue("add", [n, n]) for n in range(4))
+    claimed = {j.id: j for j in claim(tapp)}
+    ca, cb, cc, cd = (claimed[j.id] for j in (a, b, c, d))
+    assert tapp.backend.job_complete_many([Completion(ca.id, ca.lease_token, "0")]) == {a.id}
+    assert tapp.backend.job_fail(Failure(cb.id, cb.lease_token, "boom", None)) is JobState.DEAD
+    assert tapp.backend.job_fail(Failure(cc.id, cc.lease_token, "again", 0.0)) is JobState.READY
+    (again,) = claim(tapp)  # c, claimed anew: a new token
+    assert again.id == c.id and again.lease_token > cc.lease_token
+    asked = [(a.id, ca.lease_token), (b.id, cb.lease_token), (c.id, cc.lease_token),
+             (d.id, cd.lease_token), (a.id, ca.lease_token + 1), (10**9, 1)]
+    settled = tapp.backend.job_settled(asked)
+    assert {i: (s.state, s.attempts, s.last_error) for i, s in settled.items()} == {
+        a.id: (JobState.SUCCEEDED, 1, None), b.id: (JobState.DEAD, 1, "boom")}
+    assert tapp.backend.job_settled([]) == {}
+
 def test_heartbeat_keeps_a_lease_alive(tapp: App) -> None:
     tapp.enqueue("add", [1, 2])
     (c,) = claim(tapp, lease=0.5)

@@ -3,6 +3,7 @@ takeover, partitioned claims, bad input. Real processes are in test_partition_pr
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import string
@@ -816,3 +817,64 @@ def test_a_callback_stored_before_its_partition_hash_was_kept_gets_the_keys_hash
         assert job.partition_key == stored and job.partition_hash == partition_hash(key)
     assert callback_job(spec, {}).partition_hash is None
     assert callback_job({**spec, "partition_key": "k", "partition_hash": 99}, {}).partition_hash == 99
+
+
+def test_a_partitioned_worker_says_in_one_line_that_its_database_is_away(
+        db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A standby partitioned worker tries to take a slot every heartbeat. Its database
+    goes away (Postgres, MariaDB: the worker reaches them through a TCP forwarder, which
+    is shut, so connections break and new ones are refused; SQLite: another connection
+    holds the file's write lock past the worker's busy timeout). Each failed round is a
+    one-line partition.error with the reason (DatabaseUnavailable), never a
+    supervisor.error with a traceback: a traceback is for a bug."""
+    import sqlite3
+    from urllib.parse import urlsplit, urlunsplit
+
+    from fleet import events, named, wait_for
+    from justonce import Worker
+    from test_network_loss import Forwarder
+
+    caplog.set_level(logging.WARNING, logger="justonce")
+    holder_app = App(db_url)
+    holder_app.migrate()
+    held = holder_app.partitions.try_acquire("away", 1, lease=120.0)  # the worker stands by
+    assert held is not None
+    forwarder = lock = None
+    if db_url.startswith("sqlite"):
+        url = db_url + "?busy_timeout=300"
+    else:
+        parts = urlsplit(db_url)
+        forwarder = Forwarder("127.0.0.1", parts.port or 0)
+        user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+        url = urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{forwarder.port}"))
+    app = App(url)
+    worker = Worker(app, queues=["default"], partitions="away:1", lease=3.0, heartbeat=0.3,
+                    concurrency=1, poll=0.2, housekeeping=False)
+    try:
+        with events() as got:
+            worker.start()
+            wait_for(lambda: named(got, "worker.started"), 30, "the worker to start")
+            time.sleep(1.0)  # a few rounds as a standby, with the database there
+            assert named(got, "partition.error") == []
+            if forwarder is not None:
+                forwarder.close()
+            else:
+                lock = sqlite3.connect(db_url[len("sqlite:///"):], isolation_level=None)
+                lock.execute("BEGIN IMMEDIATE")
+            wait_for(lambda: len(named(got, "partition.error")) >= 2, 60,
+                     "the worker's partition rounds to fail twice")
+        errors = named(got, "partition.error")
+        assert all(e["error"] for e in errors), errors
+        assert named(got, "supervisor.error") == []
+        tracebacks = [(r.name, r.getMessage()) for r in caplog.records
+                      if r.name.startswith("justonce") and r.exc_info]
+        assert tracebacks == []
+    finally:
+        if lock is not None:
+            lock.execute("ROLLBACK")
+            lock.close()
+        worker.stop(grace=0)
+        assert worker.join(30)
+        app.close()
+        held.release()
+        holder_app.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sqlite3
 import threading
 import time
 import warnings
@@ -12,6 +13,7 @@ import warnings
 import pytest
 
 import proc_app
+from fleet import events, named
 from justonce import App, Backoff, Enqueue, JobState, NonRetryable, ValidationError, Worker
 
 
@@ -603,3 +605,49 @@ def test_an_idle_sqlite_waiter_looks_less_often_and_still_wakes_on_a_change(tmp_
         waiter.close()
         waiter.wait(0.0)  # (the waiting thread closes its own connection)
         app.close()
+
+
+def test_a_supervisor_that_waits_on_the_database_past_a_heartbeat_is_not_a_paused_worker(
+        app: App, db_url: str, worker_factory) -> None:
+    """The supervisor's lease renewal waits 3 s, more than a heartbeat and a tick, for a
+    lock another transaction holds (the running job's row; on SQLite the file's write
+    lock). The process ran all along: it must not log worker.paused (which drops every
+    unstarted job), only measure pauses across its own sleep. The renewal goes through
+    once the lock is gone, and the job succeeds with its first attempt. (A real SIGSTOP
+    is still seen: test_processes' test_jobs_leased_before_a_sigstop_past_the_lease_...
+    The heartbeat is 1 s: a thread of a loaded machine's process may wait for the CPU for
+    half a second, and a pause that long counts, by design, as one.)"""
+    started = threading.Event()
+
+    @app.task(name="steady")
+    def steady() -> str:
+        started.set()
+        time.sleep(5.0)
+        return "done"
+
+    job = steady.enqueue()
+    with events() as got:
+        worker_factory(concurrency=1, lease=6.0, heartbeat=1.0)
+        assert started.wait(30)
+        time.sleep(1.2)  # a renewal first: the lease now runs well past the lock
+        if db_url.startswith("sqlite"):
+            holder = sqlite3.connect(db_url[len("sqlite:///"):], isolation_level=None)
+            holder.execute("BEGIN IMMEDIATE")
+        else:
+            holder = proc_app.ledger_connect(db_url)
+            if db_url.startswith("mysql"):
+                holder.begin()
+                holder.cursor().execute("SELECT id FROM justonce_jobs WHERE id = %s FOR UPDATE",
+                                        (job.id,))
+            else:
+                holder.autocommit = False
+                holder.execute("SELECT id FROM justonce_jobs WHERE id = %s FOR UPDATE", (job.id,))
+        try:
+            time.sleep(3.0)
+        finally:
+            holder.commit() if not db_url.startswith("sqlite") else holder.execute("COMMIT")
+            holder.close()
+        done = app.wait(job.id, 30)
+    assert (done.state, done.attempts, done.result) == ("succeeded", 1, "done"), done
+    assert named(got, "worker.paused") == []
+    assert named(got, "job.lease_lost") == [] and named(got, "job.rejected") == []

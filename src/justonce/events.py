@@ -57,7 +57,8 @@ class Event(StrEnum):
     JOB_CLAIMED = ("job.claimed", DEBUG, "justonce.worker",
                    "A job was leased to this worker (queue_wait: seconds it had been ready).")
     JOB_SUCCEEDED = ("job.succeeded", INFO, "justonce.worker",
-                     "A job's success was written.")
+                     "A job's success was written (reply_lost: the write's reply was lost, and "
+                     "the job's row showed it written under this worker's lease).")
     JOB_FAILED = ("job.failed", INFO, "justonce.worker",
                   "An attempt raised; state says whether the job will be retried or is dead.")
     JOB_TIMEOUT = ("job.timeout", INFO, "justonce.worker",
@@ -70,7 +71,9 @@ class Event(StrEnum):
     JOB_BAD_ARGUMENTS = ("job.bad_arguments", INFO, "justonce.worker",
                          "The job's arguments do not fit its task's signature.")
     JOB_REJECTED = ("job.rejected", WARNING, "justonce.worker",
-                    "A late write was rejected: the job's lease was lost before its outcome was written.")
+                    "A late write was rejected: the job's lease was lost before its outcome was written. "
+                    "(A write whose reply was lost and that landed all the same is logged as the "
+                    "outcome it was, with reply_lost.)")
     JOB_DISCARDED = ("job.discarded", WARNING, "justonce.worker",
                      "An attempt's outcome was thrown away: its lease was lost or it had timed out.")
     JOB_LEASE_LOST = ("job.lease_lost", WARNING, "justonce.worker",
@@ -94,7 +97,8 @@ class Event(StrEnum):
     WORKER_KILL = ("worker.kill", WARNING, "justonce.worker",
                    "A second signal: the worker stops without waiting for its jobs.")
     WORKER_PAUSED = ("worker.paused", WARNING, "justonce.worker",
-                     "The process did not run for longer than a heartbeat; unstarted jobs were dropped.")
+                     "The process did not run for longer than a heartbeat (measured across the "
+                     "supervisor's sleep, not its waits on the database); unstarted jobs were dropped.")
     WORKER_RELEASED = ("worker.released", WARNING, "justonce.worker",
                        "The grace period ran out: jobs still running were given back, "
                        "their attempt counted (ready again, or dead on their last attempt).")
@@ -110,7 +114,8 @@ class Event(StrEnum):
     RELEASE_ERROR = ("release.error", WARNING, "justonce.worker",
                      "Jobs could not be given back; their leases will expire.")
     SUPERVISOR_ERROR = ("supervisor.error", ERROR, "justonce.worker",
-                        "A supervisor round (leases, timeouts) failed; the next one runs as usual.")
+                        "A supervisor round (leases, timeouts) failed; the next one runs as usual "
+                        "(a traceback only for an error that is not justonce's own).")
     MAINTENANCE_ERROR = ("maintenance.error", WARNING, "justonce.worker",
                          "A housekeeping round failed; retried.")
     # -- housekeeping -------------------------------------------------------------------

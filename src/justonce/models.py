@@ -158,6 +158,19 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class SettledJob:
+    """A job that still carries the lease token a worker asked about and is no longer
+    running (``Backend.job_settled``): nobody has claimed it since that claim. What settled
+    it was that claim's holder (a success or a failure it wrote), the lease's expiry, or an
+    operator (cancel, retry): ``state``, ``attempts`` and ``last_error`` tell them apart."""
+
+    id: int
+    state: JobState
+    attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class HousekeepingReport:
     promoted: int = 0
     rescued: int = 0

@@ -36,6 +36,7 @@ from ..models import (
     QueuePause,
     QueueStats,
     SealResult,
+    SettledJob,
     SlotFence,
     SlotInfo,
     TokenInfo,
@@ -154,6 +155,13 @@ class Backend(Protocol):
         """Record a failed attempt: retry after ``retry_in`` s (scheduled, or ready when 0),
         or dead when attempts are exhausted or ``retry_in`` is None. None = rejected. A
         job that ends dead marks its batch item failed in the same transaction."""
+
+    def job_settled(self, held: Sequence[tuple[int, int]]) -> dict[int, SettledJob]:
+        """Of ``(id, token)`` pairs, the jobs that still carry that lease token and are no
+        longer running, by id (a plain read). A worker asks after a write of its own raised
+        and its retry was refused: a reply lost after the COMMIT leaves the row settled
+        under the worker's own token (tokens count a job's claims, so no later claim took
+        it); a lease lost before it leaves another token, or the lease's expiry's error."""
 
     def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         """Extend the leases of (id, token) pairs to now() + lease; return those renewed."""

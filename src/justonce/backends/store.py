@@ -37,6 +37,7 @@ from ..models import (
     QueuePause,
     QueueStats,
     SealResult,
+    SettledJob,
     SlotInfo,
     TokenInfo,
 )
@@ -324,6 +325,14 @@ class Store:
             return JobState(rows[0][0])
 
         return self.d.tx(None, run)
+
+    def job_settled(self, held: Sequence[tuple[int, int]]) -> dict[int, SettledJob]:
+        if not held:
+            return {}
+        held = sorted(held)
+        params = {"ids": [h[0] for h in held], "tokens": [h[1] for h in held]}
+        return {int(r[0]): SettledJob(int(r[0]), JobState(r[1]), int(r[2]), r[3])
+                for r in self.d.read("job_settled", params)}
 
     def job_heartbeat(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         if not held:

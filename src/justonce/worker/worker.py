@@ -35,6 +35,7 @@ from ..events import Event, emit, wanted
 from ..models import ClaimedJob, Completion, Failure
 from ..owner import default_owner
 from ..partitions import parse_set_spec, slots
+from ..types import JobState
 from .executor import Executor
 from .maintenance import Maintenance
 from .partitions import PartitionKeeper
@@ -55,6 +56,11 @@ _FAILURE_EVENTS = {
     "failed": Event.JOB_FAILED, "timeout": Event.JOB_TIMEOUT, "interrupted": Event.JOB_INTERRUPTED,
     "unknown_task": Event.JOB_UNKNOWN_TASK, "bad_arguments": Event.JOB_BAD_ARGUMENTS,
 }
+
+_REPLY_LOST: dict[str, Any] = {"reply_lost": True}
+"""The field of an outcome's event whose write's first reply was lost (it landed all the
+same: the write was refused when tried again, and the row showed it ours)."""
+_NOTHING: dict[str, Any] = {}
 
 
 @dataclass(eq=False)
@@ -238,6 +244,8 @@ class Worker:
         self._ready: deque[int] = deque()
         self._held: dict[int, _Held] = {}
         self._acks: list[Completion] = []
+        self._unsure: set[tuple[int, int]] = set()
+        """(id, token) of completions whose write raised: it may have committed (_settle)."""
         self._running = 0
         self._fetching = False
         self._stopping = False
@@ -553,17 +561,17 @@ class Worker:
         done = self._take_acks()
         try:
             accepted, jobs = self.producer.claim(self.producer.batch_size(free), done)
+            if done and failpoints.ACTIVE:
+                # (in the try: ``raise`` here is a reply lost after the COMMIT)
+                failpoints.hit("ack.after_commit")
         except Exception as exc:  # the fetching slot must survive anything the DB throws
-            self._return_acks(done)
+            self._return_acks(done, unsure=True)
             emit(Event.CLAIM_ERROR, "claim failed, retrying", error=str(exc),
                  exc_info=not isinstance(exc, JustonceError))
             self._stop_requested.wait(min(self.poll, 1.0))
             return []
-        if failpoints.ACTIVE:
-            if done:
-                failpoints.hit("ack.after_commit")
-            if jobs:
-                failpoints.hit("job.after_claim")
+        if jobs and failpoints.ACTIVE:
+            failpoints.hit("job.after_claim")
         self._settle(done, accepted)
         if jobs and wanted(Event.JOB_CLAIMED, log):
             for job in jobs:
@@ -791,19 +799,27 @@ class Worker:
 
     def _record_failure(self, job: ClaimedJob, failure: Failure, kind: str, duration: float,
                         tries: int = 3) -> bool:
-        """Write a failed attempt (``tries`` times at most); False if it could not be written."""
+        """Write a failed attempt (``tries`` times at most); False if it could not be written.
+
+        A try that raised may have committed all the same (a reply lost after the COMMIT):
+        a refusal of the next try is then checked against the row (see _failure_landed)."""
         state = None
+        raised = reply_lost = False
         for attempt in range(tries):
             try:
                 state = self.backend.job_fail(failure, kind)
+                failpoints.hit("fail.after_commit")  # (in the try: see _fetch)
                 break
             except Exception as exc:
+                raised = True
                 if attempt == tries - 1:
                     emit(Event.JOB_FAIL_WRITE_ERROR, "could not record failure; the lease will "
                          "expire and the job will be re-offered", job_id=job.id, error=str(exc))
                     return False
                 time.sleep(0.2 * (attempt + 1))
-        failpoints.hit("fail.after_commit")
+        if state is None and raised:
+            state = self._failure_landed(job, failure)
+            reply_lost = state is not None
         if state is None:
             self.stats.rejected += 1
             emit(Event.JOB_REJECTED, "late write rejected: lease lost", job_id=job.id,
@@ -816,8 +832,27 @@ class Worker:
                  attempt=job.attempts, token=job.lease_token, state=state.value,
                  retry_in=None if failure.retry_in is None else round(failure.retry_in, 3),
                  duration_ms=round(duration * 1000, 3),
-                 error=failure.error.splitlines()[-1][:200] if failure.error else None)
+                 error=failure.error.splitlines()[-1][:200] if failure.error else None,
+                 **(_REPLY_LOST if reply_lost else _NOTHING))
         return True
+
+    def _failure_landed(self, job: ClaimedJob, failure: Failure) -> JobState | None:
+        """The state an earlier try of ``failure``'s write left, if the row shows that it
+        committed; None when it did not, or cannot be told. Claimed only when unambiguous:
+        the row still carries our lease token (no claim since ours), is ready, scheduled or
+        dead (what our write makes), with our attempt count (an operator's retry resets it)
+        and our error as its last (the lease's expiry writes its own). A row that moved on
+        (claimed again, cancelled) cannot tell, and is reported refused, as before."""
+        try:
+            row = self.backend.job_settled([(failure.id, failure.lease_token)]).get(failure.id)
+        except Exception as exc:  # noqa: BLE001 - cannot tell: reported refused
+            emit(Event.JOB_FAIL_WRITE_ERROR, "could not read whether a failure whose reply was "
+                 "lost was written", job_id=failure.id, error=str(exc))
+            return None
+        if (row is None or row.state not in (JobState.READY, JobState.SCHEDULED, JobState.DEAD)
+                or row.attempts != job.attempts or row.last_error != failure.error):
+            return None
+        return row.state
 
     # -- acker -------------------------------------------------------------------------
     def _ack_loop(self) -> None:
@@ -840,10 +875,15 @@ class Worker:
             batch, self._acks = self._acks, []
         return batch
 
-    def _return_acks(self, batch: list[Completion]) -> None:
+    def _return_acks(self, batch: list[Completion], unsure: bool = False) -> None:
+        """Put completions back to be written again. ``unsure``: their write raised, and
+        may have committed all the same (a reply lost after the COMMIT): a refusal of the
+        next try is then checked against the rows (see _settle)."""
         if batch:
             with self._lock:
                 self._acks[:0] = batch
+                if unsure:
+                    self._unsure.update((c.id, c.lease_token) for c in batch)
             self._ack_any.set()
 
     def _flush_acks(self) -> bool:
@@ -854,13 +894,13 @@ class Worker:
         try:
             failpoints.hit("ack.before_write")
             accepted = self.backend.job_complete_many(batch)
+            failpoints.hit("ack.after_commit")  # (in the try: see _fetch)
         except Exception as exc:
-            self._return_acks(batch)
+            self._return_acks(batch, unsure=True)
             emit(Event.ACK_ERROR, "could not record completions, retrying", error=str(exc),
                  pending=len(batch), exc_info=not isinstance(exc, JustonceError))
             self._closed.wait(0.5)
             return False
-        failpoints.hit("ack.after_commit")
         self._settle(batch, accepted)
         return True
 
@@ -873,21 +913,46 @@ class Worker:
         return h
 
     def _settle(self, batch: list[Completion], accepted: set[int]) -> None:
-        """Forget written completions and log each outcome (or its rejection)."""
+        """Forget written completions and log each outcome (or its rejection).
+
+        A completion refused after an earlier try of it raised may have been written by
+        that try (the connection broke after the COMMIT, before the reply): the refusal is
+        then our own success, found by the row being ``succeeded`` under our lease token
+        (no one else can write that: the token is ours until a new claim replaces it).
+        When that cannot be read now, the completions go back to be written (and checked)
+        again rather than be reported either way."""
         if not batch:
             return
+        with self._lock:
+            doubtful = [(c.id, c.lease_token) for c in batch
+                        if c.id not in accepted and (c.id, c.lease_token) in self._unsure]
+        landed: set[int] = set()
+        if doubtful:
+            try:
+                settled = self.backend.job_settled(doubtful)
+            except Exception as exc:
+                back = set(doubtful)
+                self._return_acks([c for c in batch if (c.id, c.lease_token) in back])
+                batch = [c for c in batch if (c.id, c.lease_token) not in back]
+                emit(Event.ACK_ERROR, "could not read whether completions whose reply was lost "
+                     "were written, retrying", error=str(exc), pending=len(back),
+                     exc_info=not isinstance(exc, JustonceError))
+            else:
+                landed = {i for i, s in settled.items() if s.state is JobState.SUCCEEDED}
         info = wanted(Event.JOB_SUCCEEDED, log)
         with self._lock:
+            self._unsure.difference_update((c.id, c.lease_token) for c in batch)
             helds = [self._forget(c.id, c.lease_token) for c in batch]
             self._cond.notify_all()
         for c, h in zip(batch, helds, strict=True):
-            if c.id in accepted:
+            if c.id in accepted or c.id in landed:
                 self.stats.succeeded += 1
                 if info and h is not None:
                     emit(Event.JOB_SUCCEEDED, "job succeeded", job_id=c.id, task=h.job.task,
                          queue=h.job.queue, attempt=h.job.attempts, token=c.lease_token,
                          duration_ms=round(h.duration * 1000, 3), note=c.note,
-                         batch_item=c.batch_item)
+                         batch_item=c.batch_item,
+                         **(_REPLY_LOST if c.id in landed else _NOTHING))
             else:
                 self.stats.rejected += 1
                 emit(Event.JOB_REJECTED, "late completion rejected: lease lost", job_id=c.id,
@@ -898,22 +963,32 @@ class Worker:
     def _supervise_loop(self) -> None:
         tick = min(0.1, self.heartbeat / 4)
         next_beat = time.monotonic() + self.heartbeat
-        last = time.monotonic()
-        while not self._closed.wait(tick):
+        while True:
+            # A pause is measured across the sleep alone: a round's own wait on the database
+            # (a pooled connection, a renewal behind a lock, a database that is away) is no
+            # pause of the process, and counting it dropped every unstarted job for nothing.
+            # Leases that run out while the round waits are caught by each job's (and each
+            # slot's) monotonic deadline, which needs no ticking.
+            before = time.monotonic()
+            if self._closed.wait(tick):
+                return
+            slept = time.monotonic() - before
             try:
-                now = time.monotonic()
-                gap, last = now - last, now
-                if gap > tick + self.heartbeat:
-                    self._after_pause(gap)
-                    next_beat = now  # renew what is left at once
+                if slept > tick + self.heartbeat:
+                    self._after_pause(slept)
+                    next_beat = time.monotonic()  # renew what is left at once
                 self._check_timeouts()
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.heartbeat
                     self._renew_leases()
                     if self.keeper is not None:
-                        self._partition_round()
-            except Exception:  # a dead supervisor would let every lease expire
-                emit(Event.SUPERVISOR_ERROR, "supervisor round failed", exc_info=True)
+                        try:
+                            self._partition_round()
+                        except JustonceError as exc:  # the database is away: said in one line
+                            emit(Event.PARTITION_ERROR, "partition round failed", error=str(exc))
+            except Exception as exc:  # a dead supervisor would let every lease expire
+                emit(Event.SUPERVISOR_ERROR, "supervisor round failed", error=str(exc),
+                     exc_info=not isinstance(exc, JustonceError))
 
     def _after_pause(self, gap: float) -> None:
         """The process did not run for ``gap`` s (stopped, or starved): any lease may have

@@ -263,6 +263,21 @@ UPDATE justonce_jobs
  WHERE id IN %(picked)s;
 SELECT state, NULL FROM justonce_jobs WHERE id IN %(picked)s;
 
+-- name: job_settled
+-- %(ids)s, %(tokens)s: aligned JSON lists.
+-- A worker whose write raised (its connection broke, perhaps after the COMMIT, before the
+-- reply) and whose retry was refused asks which of its (id, token) pairs an earlier try did
+-- settle: lease_token is the job's own count of claims, so a row that still carries the
+-- token and is no longer running was last leased by that claim. A plain read: such a row
+-- changes only by a later claim (a new token), an operator, or its pruning.
+SELECT j.id, j.state, j.attempts, j.last_error
+  FROM JSON_TABLE(%(ids)s, '$[*]' COLUMNS (ord FOR ORDINALITY, id BIGINT PATH '$')) AS d
+  JOIN (SELECT ord, token
+          FROM JSON_TABLE(%(tokens)s, '$[*]' COLUMNS (ord FOR ORDINALITY, token BIGINT PATH '$')) AS x
+         LIMIT 18446744073709551615) AS t ON t.ord = d.ord
+  STRAIGHT_JOIN justonce_jobs j FORCE INDEX (PRIMARY) ON j.id = d.id
+ WHERE j.lease_token = t.token AND j.state <> 'running';
+
 -- name: job_heartbeat
 -- %(ids)s, %(tokens)s: aligned JSON lists. Returns the ids whose lease was renewed.
 SELECT j.id

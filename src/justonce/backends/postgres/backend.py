@@ -160,8 +160,9 @@ def pgbouncer_mode(options: dict[str, str]) -> bool:
 PLANNED_EACH_TIME = frozenset({
     # Claims and completions: up to the prefetch's jobs at once.
     "job_claim", "job_claim_partitioned", "job_complete_many", "job_complete_and_claim",
-    # A worker's held jobs by (id, token): its lease renewals and its give-backs.
-    "job_heartbeat", "job_release",
+    # A worker's held jobs by (id, token): its lease renewals, its give-backs, and its look
+    # at writes whose reply was lost.
+    "job_heartbeat", "job_release", "job_settled",
     # The effect ledger's bulk statements: a chunk of keys.
     "effect_claim_new_many", "effect_lock_many", "effect_take_many", "effect_finish_many",
     "effect_resolve_lock", "effect_resolve_set", "effect_chunks_read", "effect_chunks_share",

@@ -225,6 +225,17 @@ RETURNING state, queue
 )
 SELECT state, CASE WHEN state = 'ready' THEN pg_notify(%(channel)s, queue) END FROM up
 
+-- name: job_settled
+-- A worker whose write raised (its connection broke, perhaps after the COMMIT, before the
+-- reply) and whose retry was refused asks which of its (id, token) pairs an earlier try did
+-- settle: lease_token is the job's own count of claims, so a row that still carries the
+-- token and is no longer running was last leased by that claim. A plain read: such a row
+-- changes only by a later claim (a new token), an operator, or its pruning.
+SELECT j.id, j.state, j.attempts, j.last_error
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(id, token)
+  JOIN justonce_jobs j ON j.id = d.id
+ WHERE j.lease_token = d.token AND j.state <> 'running'
+
 -- name: job_heartbeat
 UPDATE justonce_jobs j
    SET lease_expires_at = now() + %(lease)s::float8 * interval '1 second'

@@ -120,6 +120,19 @@ UPDATE justonce_jobs
  WHERE id = :id AND lease_token = :token AND state = 'running'
 RETURNING state
 
+-- name: job_settled
+-- :ids and :tokens: JSON arrays, aligned.
+-- A worker whose write raised (its connection broke, perhaps after the COMMIT, before the
+-- reply) and whose retry was refused asks which of its (id, token) pairs an earlier try did
+-- settle: lease_token is the job's own count of claims, so a row that still carries the
+-- token and is no longer running was last leased by that claim. A plain read: such a row
+-- changes only by a later claim (a new token), an operator, or its pruning.
+SELECT j.id, j.state, j.attempts, j.last_error
+  FROM json_each(:ids) i
+  JOIN json_each(:tokens) t ON t.key = i.key
+  JOIN justonce_jobs j ON j.id = i.value
+ WHERE j.lease_token = t.value AND j.state <> 'running'
+
 -- name: job_heartbeat
 -- :ids and :tokens: JSON arrays, aligned.
 UPDATE justonce_jobs
