@@ -241,3 +241,25 @@ def test_a_completion_refused_after_a_lost_reply_is_still_refused_when_it_did_no
     assert [f["job_id"] for f in named(got, "job.rejected")] == [job.id]
     assert named(got, "job.succeeded") == []
     assert app.get_job(job.id).state == "cancelled"
+
+
+def test_a_slot_whose_bookkeeping_fails_between_jobs_goes_on_fetching(
+        app: App, worker_factory: Any) -> None:
+    """An error between a claim and the jobs' start (here the failpoint right after the
+    claim) killed the fetching slot's thread, and with it the worker's only fetcher: the
+    worker claimed nothing more until it was restarted. The slot logs slot.error and goes
+    on; the jobs of the claim it lost come back when their lease runs out."""
+    @app.task(name="triple", max_attempts=3)
+    def triple(n: int) -> int:
+        return 3 * n
+
+    first = [triple.enqueue(n) for n in range(3)]
+    failpoints.configure("job.after_claim=1*raise")
+    with events() as got:
+        w = worker_factory(concurrency=1, lease=1.0)
+        later = [triple.enqueue(n) for n in range(3, 6)]
+        for n, job in enumerate(first + later):
+            assert app.wait(job.id, 30).result == 3 * n
+    assert [h["point"] for h in named(got, "failpoint.hit")] == ["job.after_claim"]
+    assert len(named(got, "slot.error")) == 1
+    assert w.stats.succeeded == 6

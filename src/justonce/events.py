@@ -105,7 +105,7 @@ class Event(StrEnum):
     WORKER_UNWRITTEN = ("worker.unwritten", ERROR, "justonce.worker",
                         "Completions could not be written before stopping; their jobs will return.")
     SLOT_ERROR = ("slot.error", ERROR, "justonce.worker",
-                  "A slot's own bookkeeping failed; its job was given back.")
+                  "A slot's own bookkeeping failed: its job was given back, or, between jobs, it goes on.")
     CLAIM_ERROR = ("claim.error", WARNING, "justonce.worker", "A claim failed; retried.")
     ACK_ERROR = ("ack.error", WARNING, "justonce.worker",
                  "Completions could not be written; retried.")

@@ -425,7 +425,16 @@ class Worker:
     # -- slots -------------------------------------------------------------------------
     def _slot_loop(self, slot: _Slot) -> None:
         while True:
-            held = self._next_job(slot)
+            try:
+                held = self._next_job(slot)
+            except Exception:  # noqa: BLE001 - a slot thread that died left the worker a slot short
+                # Our own bookkeeping between jobs failed (a claim's aftermath, a give-back):
+                # the thread died with it, and with it the worker's only fetcher, so that the
+                # worker claimed nothing more until it was restarted. The slot goes on.
+                emit(Event.SLOT_ERROR, "slot failed between jobs; going on", exc_info=True)
+                if self._stop_requested.wait(0.5):
+                    return
+                continue
             if held is None:
                 return
             try:
@@ -522,7 +531,13 @@ class Worker:
             if not free:
                 return None  # stopping
             sent = time.monotonic()
-            jobs = self._fetch(free)
+            try:
+                jobs = self._fetch(free)
+            except BaseException:
+                with self._lock:  # another slot fetches in its place
+                    self._fetching = False
+                    self._cond.notify_all()
+                raise
             with self._lock:
                 self._fetching = False
                 late: list[ClaimedJob] = []
