@@ -333,6 +333,32 @@ def test_sync_task_past_its_timeout_is_failed_and_the_worker_keeps_serving(app: 
     release.set()
 
 
+def test_a_sync_task_that_returns_just_past_its_timeout_has_timed_out(app: App, worker_factory) -> None:
+    """The supervisor checks timeouts every 0.1 s, between its own writes: a sync task
+    that returned (or raised) after its timeout while that thread was busy (here held in
+    its first lease renewal) was taken as done, success or error; about one in three of
+    those a little late under load. Its return is checked too."""
+    from justonce import failpoints
+
+    @app.task(name="late_return", timeout=0.4, max_attempts=1)
+    def late_return(fail: bool) -> str:
+        time.sleep(0.5)
+        if fail:
+            raise ValueError("late and wrong")
+        return "too late"
+
+    ids = late_return.enqueue_many([(i % 2 == 1,) for i in range(4)])
+    failpoints.configure("heartbeat.before_write=1*sleep(1500)")
+    try:
+        worker_factory(concurrency=4, heartbeat=0.2)
+        for job_id in ids:
+            final = app.wait(job_id, 20)
+            assert final.state is JobState.DEAD and final.result is None, final
+            assert [e["kind"] for e in final.errors] == ["timeout"], final.errors
+    finally:
+        failpoints.configure(None)
+
+
 def test_a_timeout_error_a_task_raises_itself_is_its_failure_not_the_jobs_timeout(
         app: App, worker_factory) -> None:
     """A task may raise TimeoutError of its own (a socket read, an inner asyncio

@@ -119,7 +119,8 @@ class NotStarted(Exception):
 class Overran(Exception):
     """An async task's attempt ran past its ``timeout``. (Not TimeoutError: a task raises
     that for timeouts of its own, an HTTP read say, and those are plain failures with
-    their message, not the job's timeout.) A sync task's overrun is seen by the worker."""
+    their message, not the job's timeout.) A sync task's overrun is seen by the worker's
+    supervisor while it runs, and by the executor when it returns."""
 
 
 def _error_text(exc: BaseException) -> str:
@@ -167,11 +168,22 @@ class Executor:
                     on_future(fut)
                 result = fut.result()
             else:
+                # A sync task cannot be stopped at its timeout: the worker's supervisor fails
+                # the attempt when its next check (every 0.1 s, between its own writes) sees
+                # it late. One that returned before that check was taken as done, success
+                # or error, however late: its return is checked here too, as an async
+                # task's is by its own deadline.
                 ctx = _current.set(job)
                 try:
                     result = task.fn(*job.args, **job.kwargs)
+                except BaseException:
+                    if time.perf_counter() - start > job.timeout:
+                        raise Overran from None
+                    raise
                 finally:
                     _current.reset(ctx)
+                if time.perf_counter() - start > job.timeout:
+                    raise Overran
         except NotStarted:
             return Outcome("not_started", time.perf_counter() - start)
         except Overran:
