@@ -15,7 +15,10 @@ class ConfigurationError(JustonceError):
 
 
 class DatabaseUnavailable(JustonceError):
-    """The database cannot be reached (down, refused, timed out). Nothing was written."""
+    """The database cannot be reached (down, refused, timed out, the connection lost).
+    Nothing was written, unless the connection broke after a COMMIT had been sent: a
+    write that cannot know whether its commit landed (an enqueue, say) can be retried
+    safely only when it is idempotent (a keyed enqueue returns the job if it did)."""
 
 
 class LockTimeout(DatabaseUnavailable):
