@@ -89,6 +89,11 @@ def test_pages_say_the_database_is_away_as_html_and_work_again_when_it_is_back(
                                   503, "DatabaseUnavailable")
             assert PASSWORD not in body["detail"]
             assert_problem(browser.get("/dashboard/snapshot"), 503, "DatabaseUnavailable")
+            assert_problem(browser.get("/dashboard/snapshot", headers={"accept": BROWSER_ACCEPT}),
+                           503, "DatabaseUnavailable")
+            page = browser.get("/jobs?state=ready", headers={"accept": BROWSER_ACCEPT})
+            assert_unavailable_page(page, refreshes=True)
+            assert 'href="/jobs?state=ready"' in page.text  # (its "try again" keeps the query)
             cluster.start()
             assert wait_until(lambda: browser.get("/").status_code == 200, timeout=60, interval=0.5)
             assert browser.get(f"/jobs/{job}").status_code == 200

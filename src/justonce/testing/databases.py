@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 BACKENDS = ("sqlite", "postgres", "mysql")
 
@@ -62,7 +63,7 @@ def fresh_database(backend: str, folder: Path, *, postgres: str, mysql: str,
     removes the folder), or a schema / database of its own on the ``postgres`` / ``mysql``
     server. Its justonce URL; dropped afterwards."""
     if backend == "sqlite":
-        yield f"sqlite:///{folder / (prefix + '.db')}"
+        yield f"sqlite:///{quote(str(folder / (prefix + '.db')))}"  # (URLs are %-decoded)
     elif backend == "postgres":
         with fresh_postgres(postgres, prefix) as url:
             yield url

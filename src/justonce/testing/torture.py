@@ -53,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from .. import App, DatabaseUnavailable, Enqueue
 from ..backends.sqlite.backend import parse_sqlite_url
@@ -595,7 +595,7 @@ def small_disk_database(folder: Path) -> Iterator[tuple[str, None]]:
     disk = folder / "disk"
     disk.mkdir()
     with tmpfs(disk, SMALL_DISK_MB):
-        yield f"sqlite:///{disk / 'torture.db'}", None
+        yield f"sqlite:///{quote(str(disk / 'torture.db'))}", None  # (URLs are %-decoded)
 
 
 def sqlite_integrity(path: Path) -> str | None:

@@ -64,6 +64,7 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         replayed = False
+        scope["justonce.body_size"] = size  # (read by media.has_body: a chunked body may be empty)
 
         async def replay() -> Message:
             nonlocal replayed

@@ -65,7 +65,8 @@ def render(request: Request, status: int, error: str, detail: str | None = None,
     if not text:  # a 4xx: what was refused is the page's text
         text, detail = detail or "", None
     retry = status == 503 and request.method in ("GET", "HEAD")
-    again = request.url.path if retry and _local(request.url.path) else None
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    again = here if retry and _local(here) else None
     back = back if back and _local(back) else again or "/"
     label = "Try again now" if again else ("Back to the overview" if back == "/" else "Back")
     html = _env.get_template("error.html").render(

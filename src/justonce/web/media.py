@@ -21,6 +21,7 @@ answers 422, as before).
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Coroutine
 from email.message import Message
 from email.utils import collapse_rfc2231_value
@@ -52,10 +53,32 @@ def media_type(value: str) -> tuple[str, str | None]:
 
 
 def has_body(request: Request) -> bool:
-    """The request carries a body: a length over zero, or a chunked one (whose length is
-    only known once read: an empty chunked body counts as a body here)."""
+    """The request carries a body of one byte or more: as the service's body limit read it
+    (a chunked body's length is known only once read, and an empty one is no body), else
+    as its headers say."""
+    size = request.scope.get("justonce.body_size")
+    if size is not None:
+        return bool(size)
     length = (request.headers.get("content-length") or "").strip(" \t")
     return (length.isdigit() and int(length) > 0) or "transfer-encoding" in request.headers
+
+
+def _utf8(charset: str | None) -> bool:
+    """No charset, or a name of UTF-8 (utf-8, utf8, UTF_8: the aliases Python knows)."""
+    if charset is None:
+        return True
+    try:
+        return codecs.lookup(charset).name == "utf-8"
+    except LookupError:
+        return False
+
+
+def _accepts(kind: str, accepted: tuple[str, ...]) -> bool:
+    """``kind`` is one of ``accepted``, or, where JSON is, a structured ``+json`` type
+    (``application/vnd.api+json``, ``application/merge-patch+json``: RFC 6839 3.1), which
+    FastAPI reads as JSON and clients send."""
+    return kind in accepted or (JSON in accepted and kind.startswith("application/")
+                                and kind.endswith("+json") and len(kind) > len("application/+json"))
 
 
 def check(request: Request, accepted: tuple[str, ...]) -> None:
@@ -66,11 +89,11 @@ def check(request: Request, accepted: tuple[str, ...]) -> None:
         return
     sent = request.headers.get("content-type")
     kind, charset = media_type(sent or "")
-    if kind in accepted and charset in (None, "utf-8"):
+    if _accepts(kind, accepted) and _utf8(charset):
         return
     wanted = " or ".join(accepted)
     what = "no Content-Type" if sent is None else f"Content-Type {shown(sent)}"
-    if kind in accepted:
+    if _accepts(kind, accepted):
         what += " (bodies are read as UTF-8 only)"
     raise Problem(415, "UnsupportedMediaType", f"send the body as {wanted}, not with {what}",
                   headers={"Accept-Post": ", ".join(accepted)}, accepted=list(accepted))
@@ -82,9 +105,10 @@ class JsonRoute(APIRoute):
     document and the check cannot disagree)."""
 
     default_media_types: ClassVar[tuple[str, ...]] = (JSON,)
-    html: ClassVar[bool | None] = None
-    """Whether the route's errors are HTML pages (problems.wants_html): None leaves it to
-    the request's Accept header (outside the API)."""
+    html: ClassVar[bool | None] = False
+    """Whether the route's errors are HTML pages (problems.wants_html): a route of the
+    service's JSON answers in JSON whatever the Accept header says (the dashboard's
+    snapshot, say); None would leave it to that header."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(path, endpoint, **kwargs)
