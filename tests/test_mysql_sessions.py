@@ -202,9 +202,9 @@ def _slow_inserts(url: str) -> None:
 
 
 @contextmanager
-def _killer(url: str, how: str) -> Iterator[list[int]]:
-    """Kills (``how``: QUERY or CONNECTION) each session found sleeping in a trigger while
-    the block runs; the ids it killed."""
+def _killer(url: str, how: str, where: str = "STATE = 'User sleep'") -> Iterator[list[int]]:
+    """Kills (``how``: QUERY or CONNECTION) each session found sleeping in a trigger (or
+    matching ``where``) while the block runs; the ids it killed."""
     killed: list[int] = []
     stop = threading.Event()
     c = _connect(url, autocommit=True)
@@ -212,8 +212,8 @@ def _killer(url: str, how: str) -> Iterator[list[int]]:
     def watch() -> None:
         while not stop.is_set():
             with c.cursor() as cur:
-                cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE STATE = "
-                            "'User sleep' AND ID <> CONNECTION_ID()")
+                cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE "
+                            f"{where} AND ID <> CONNECTION_ID()")
                 for (pid,) in cur.fetchall():
                     cur.execute(f"KILL {how} {int(pid)}")
                     killed.append(int(pid))
@@ -307,3 +307,39 @@ def test_a_killed_callers_connection_is_database_unavailable(myapp: tuple[App, s
     finally:
         c.close()
     assert _count(url) == 0
+
+
+def test_a_killed_batch_or_list_call_on_conn_is_a_justonce_error(myapp: tuple[App, str]) -> None:
+    """batches.ack, lists.reserve and lists.complete on the caller's connection, each held
+    up by tables another session locked and its statement killed there: the raw 1317
+    became DatabaseUnavailable; the caller's transaction stays open and usable."""
+    app, url = myapp
+    group = app.batches.open("b").add(2)
+    app.lists.create("L", items=[{"n": 1}, {"n": 2}])
+    held = app.lists.reserve("L")
+    assert held is not None
+    c = _connect(url)
+    blocker = _connect(url, autocommit=True)
+    try:
+        c.begin()
+        app.enqueue("t", ["mine"], conn=c)
+        waiting = f"ID = {c.thread_id()} AND STATE LIKE 'Waiting for table%'"
+        with blocker.cursor() as cur:
+            cur.execute("LOCK TABLES justonce_batches WRITE, justonce_batch_chunks WRITE, "
+                        "justonce_lists WRITE, justonce_list_items WRITE, "
+                        "justonce_list_reservations WRITE")
+        for name, call in (("ack", lambda: app.batches.ack(group.item_id(0), conn=c)),
+                           ("reserve", lambda: app.lists.reserve("L", conn=c)),
+                           ("complete", lambda: app.lists.complete(held, conn=c))):
+            with _killer(url, "QUERY", waiting) as killed, pytest.raises(
+                    DatabaseUnavailable, match="interrupted"):
+                call()
+            assert killed, name
+        with blocker.cursor() as cur:
+            cur.execute("UNLOCK TABLES")
+        c.commit()
+    finally:
+        c.close()
+        blocker.close()
+    assert _count(url, "args = '[\"mine\"]'") == 1
+    assert app.batches.get(group.batch_id).acked == 0
