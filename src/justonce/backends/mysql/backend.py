@@ -275,8 +275,8 @@ def _callers_errors() -> Iterator[None]:
         if code in INTERRUPTED:
             raise DatabaseUnavailable(
                 f"MySQL interrupted a statement of this call on your connection ({exc.args[-1]}: "
-                "KILL QUERY, or a statement time limit): nothing of the call stays in your "
-                "transaction, which is still open") from exc
+                "KILL QUERY, or a statement time limit): what the call wrote in your open "
+                "transaction was undone, and the transaction stays open") from exc
         if code == READ_ONLY_TRANSACTION:
             raise InvalidOption(
                 "your transaction on conn is read-only (SET TRANSACTION READ ONLY, START "
