@@ -194,3 +194,15 @@ def test_every_shared_statement_returns_the_same_columns(tmp_path: Path) -> None
             for app in apps.values():
                 app.close()
             _drop_schema(server, schema)
+
+
+def test_mysql_statements_parse_the_same_under_the_sql_modes_a_callers_session_may_have() -> None:
+    """A caller's session (conn=) may run ANSI_QUOTES, PIPES_AS_CONCAT or HIGH_NOT_PRECEDENCE
+    (only the modes in REFUSED_SQL_MODES are refused): no statement of the MySQL dialect may
+    use a double-quoted string, ``||`` or a ``NOT x BETWEEN``/``NOT x IN`` that those modes
+    read otherwise."""
+    code = _code((ROOT / "mysql" / "queries.sql").read_text())
+    code = re.sub(r"'(?:[^'\\]|\\.|'')*'", "''", code)  # (inside a string they are text)
+    assert '"' not in code
+    assert "||" not in code
+    assert not re.search(r"\bNOT\s+[\w.`]+\s+(?:BETWEEN|IN|LIKE)\b", code, re.I)

@@ -54,7 +54,6 @@ from ..store import Store
 try:
     import pymysql
     from pymysql.constants import CLIENT, SERVER_STATUS
-    from pymysql.converters import escape_string
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ConfigurationError(
         "the MySQL backend needs PyMySQL: pip install 'justonce[mysql]'"
@@ -110,8 +109,27 @@ DUPLICATE = 1062
 JSON_TOO_DEEP = 4040
 """MariaDB's JSON functions read documents nested at most 31 deep (a list of calls whose
 arguments are at most 30 deep); justonce allows 64."""
-GONE = {2003, 2006, 2013, 2014, 2055, 1927, 4031}
+SERVER_SHUTDOWN, CONNECTION_KILLED = 1053, 1927
+GONE = {2003, 2006, 2013, 2014, 2055, SERVER_SHUTDOWN, CONNECTION_KILLED, 4031}
 """Client and server codes of a connection that is lost or unusable: thrown away."""
+INTERRUPTED = {1317, 1969, 3024}
+"""A statement interrupted (KILL QUERY; MariaDB's max_statement_time, MySQL's
+max_execution_time): it was rolled back, the session lives on."""
+READ_ONLY_TRANSACTION = 1792  # a statement that writes in a READ ONLY transaction
+READ_ONLY_SERVER = 1290  # --read-only (a replica, a server being failed over)
+REFUSED_SQL_MODES = ("NO_BACKSLASH_ESCAPES", "ORACLE", "SIMULTANEOUS_ASSIGNMENT",
+                     "EMPTY_STRING_IS_NULL")
+"""sql_mode flags of a caller's session that justonce's statements cannot run under, each
+tried against MariaDB 10.11: NO_BACKSLASH_ESCAPES reads the backslash escapes of a bulk
+insert's rendered rows as data (invalid JSON stored, a quote that ends the string: 1064);
+ORACLE parses with MariaDB's Oracle grammar (every statement: 1064); SIMULTANEOUS_ASSIGNMENT
+changes what an UPDATE that reads a column it sets writes; EMPTY_STRING_IS_NULL stores ''
+as NULL. (ANSI_QUOTES, PIPES_AS_CONCAT, IGNORE_SPACE and the rest leave them as they are:
+no statement of justonce's has a double-quoted string or ``||``.)"""
+OUR_SQL_MODE = ("STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
+                "NO_ENGINE_SUBSTITUTION")
+"""Our own sessions' sql_mode, set at connect whatever the server's global one (or an
+init_connect) says: none of REFUSED_SQL_MODES."""
 DEADLOCK_RETRIES = 8
 IDLE_IN_TRANSACTION = 10
 """Seconds MariaDB lets one of our sessions sit idle inside a transaction before ending it."""
@@ -243,17 +261,53 @@ def _callers_errors() -> Iterator[None]:
     except pymysql.err.InterfaceError as exc:
         raise DatabaseUnavailable(f"MySQL: your connection is closed ({exc!r}): reconnect and "
                                   "run your transaction again") from exc
-    except pymysql.err.OperationalError as exc:
-        if _code(exc) in GONE:
+    except pymysql.err.MySQLError as exc:
+        code = _code(exc)
+        if code in GONE or (code is not None and 2000 <= code < 3000):
             raise DatabaseUnavailable(f"MySQL: your connection was lost ({exc.args[-1]}): reconnect "
                                       "and run your transaction again") from exc
-        if _code(exc) == DEADLOCK:
+        if code == DEADLOCK:
             raise DatabaseUnavailable(
                 "MySQL chose your transaction as a deadlock victim and rolled it back whole: "
                 "run it again") from exc
-        if _code(exc) == LOCK_WAIT:
+        if code == LOCK_WAIT:
             raise LockTimeout(f"MySQL: {exc.args[-1]}") from exc
+        if code in INTERRUPTED:
+            raise DatabaseUnavailable(
+                f"MySQL interrupted a statement of this call on your connection ({exc.args[-1]}: "
+                "KILL QUERY, or a statement time limit): what the call wrote in your open "
+                "transaction was undone, and the transaction stays open") from exc
+        if code == READ_ONLY_TRANSACTION:
+            raise InvalidOption(
+                "your transaction on conn is read-only (SET TRANSACTION READ ONLY, START "
+                "TRANSACTION READ ONLY, or tx_read_only): justonce writes in it; use a read-write "
+                "transaction") from exc
+        if code == READ_ONLY_SERVER:
+            raise DatabaseUnavailable(f"MySQL refused the write: {exc.args[-1]} (a replica, or "
+                                      "a failover under way)") from exc
         raise
+
+
+def _check_session(sql_mode: str, charsets: list[str | None]) -> None:
+    """Refuse (InvalidOption) a caller's session whose sql_mode or character sets would
+    make justonce's statements parse differently or corrupt what they write."""
+    names = ("character_set_client", "character_set_connection", "character_set_results")
+    for name, value in zip(names, charsets, strict=True):
+        if value is None or value.lower() != "utf8mb4":
+            # The client's charset is not enough: SET NAMES latin1 on a utf8mb4 connection
+            # stored mojibake; SET character_set_results = latin1 broke the connection.
+            raise InvalidOption(
+                f"conn's session has {name} = {value or 'NULL'}, not utf8mb4: arguments, keys "
+                "and results would be stored or read as another encoding; run SET NAMES utf8mb4 "
+                "on it (or do not change the character set of a connection opened with "
+                "charset='utf8mb4')")
+    refused = [m for m in sql_mode.upper().split(",") if m in REFUSED_SQL_MODES]
+    if refused:
+        raise InvalidOption(
+            f"conn's session has sql_mode {', '.join(refused)} (of {sql_mode!r}): justonce's "
+            "statements do not parse or mean the same under it (values it writes would be "
+            "corrupted); run SET SESSION sql_mode = '...' without it on this connection "
+            f"(justonce's own connections use {OUR_SQL_MODE!r})")
 
 
 def _code(exc: BaseException) -> int | None:
@@ -339,6 +393,10 @@ class MySQLDialect(Dialect):
         self.statement_bytes = 16 * 1024 * 1024 - 65536  # (read from the server at first use)
         self._own: set[int] = set()
         """ids of connections lent out by transaction(): ours, checked already."""
+        self._call_savepoint: dict[int, bool] = {}
+        """ids of callers' connections running one call of ours inside their transaction
+        (``on``): whether the savepoint that makes the call all-or-nothing is set yet (it
+        is set just before the call's first write: a call that only reads needs none)."""
 
     # -- connections ------------------------------------------------------------------------------
     def _new_connection(self) -> pymysql.Connection:
@@ -350,14 +408,14 @@ class MySQLDialect(Dialect):
                 # (a no-op upsert must count 0).
                 client_flag=CLIENT.MULTI_RESULTS | CLIENT.MULTI_STATEMENTS,
             )
-        except pymysql.err.MySQLError as exc:
+        except (pymysql.err.MySQLError, OSError) as exc:
             raise DatabaseUnavailable(
                 f"cannot connect to MySQL at {self._connect_kwargs['host']}:"
                 f"{self._connect_kwargs['port']}: {exc}") from exc
         try:
             _keepalive(conn)
             self._set_up(conn)
-        except pymysql.err.MySQLError as exc:
+        except (pymysql.err.MySQLError, OSError) as exc:
             try:
                 conn.close()
             except Exception:  # noqa: BLE001 - broken already
@@ -368,12 +426,14 @@ class MySQLDialect(Dialect):
     @staticmethod
     def _set_up(conn: pymysql.Connection) -> None:
         with conn.cursor() as cur:
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            # READ WRITE: a server whose transactions are read-only by default
+            # (transaction_read_only) would refuse every write of ours with 1792.
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE")
             # @justonce_lock_wait: the session's own lock wait (the server's, or what its
             # init_connect set), put back after each claim that changes it (locked_tx).
-            cur.execute("SET time_zone = '+00:00', sql_mode = 'STRICT_ALL_TABLES,"
-                        "NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
-                        "NO_ENGINE_SUBSTITUTION', "
+            # sql_mode pinned: the server's global one (or its init_connect) may hold a mode
+            # our statements do not parse under (REFUSED_SQL_MODES).
+            cur.execute(f"SET time_zone = '+00:00', sql_mode = '{OUR_SQL_MODE}', "
                         "@justonce_lock_wait = @@SESSION.innodb_lock_wait_timeout")
             try:
                 # Our own transactions never wait on us for long: a process frozen inside
@@ -389,10 +449,16 @@ class MySQLDialect(Dialect):
             with self._lock:
                 if self._pool is None:
                     conn = self._new_connection()
-                    with conn.cursor() as cur:
-                        cur.execute("SELECT VERSION(), @@innodb_autoinc_lock_mode, "
-                                    "@@max_allowed_packet")
-                        version, mode, packet = cur.fetchone()
+                    try:
+                        with conn.cursor() as cur:
+                            cur.execute("SELECT VERSION(), @@innodb_autoinc_lock_mode, "
+                                        "@@max_allowed_packet")
+                            version, mode, packet = cur.fetchone()
+                    except pymysql.err.MySQLError as exc:
+                        with contextlib.suppress(Exception):
+                            conn.close()
+                        raise DatabaseUnavailable(
+                            f"MySQL: setting up a new connection failed: {exc}") from exc
                     self.mariadb = "mariadb" in str(version).lower()
                     self.consecutive_ids = int(mode) < 2
                     # A bulk insert is cut into statements under this many bytes: one
@@ -424,6 +490,17 @@ class MySQLDialect(Dialect):
                 broken = True
                 raise InvalidOption("MySQL refused a statement larger than its "
                                     "max_allowed_packet: send less in one call") from exc
+            if code in INTERRUPTED:
+                # Rolled back (our transaction with it, when the connection goes back); a
+                # multi-statement round trip's later results are not to be trusted: a new
+                # connection is cheaper than finding out.
+                broken = True
+                raise DatabaseUnavailable(f"MySQL interrupted a statement ({exc.args[-1]}: "
+                                          "KILL QUERY, or a statement time limit)") from exc
+            if code in (READ_ONLY_SERVER, READ_ONLY_TRANSACTION):
+                broken = True  # (a new connection may reach the new primary)
+                raise DatabaseUnavailable(f"MySQL refused a write: {exc.args[-1]} (a replica, "
+                                          "or a failover under way)") from exc
             # PyMySQL raises OperationalError for every server error it has no class for
             # (a failed CHECK, say): only a lost connection or a client error (2xxx) means
             # the connection is unusable.
@@ -471,6 +548,8 @@ class MySQLDialect(Dialect):
             segments = [[s] for s in STATEMENTS[name]]
         with c.cursor() as cur:
             for segment in segments:
+                if self._call_savepoint and any(KIND.get(s) == "write" for s in segment):
+                    self.before_write(c)
                 segment = self._with_begin(c, segment)
                 text = ";\n".join(segment)
                 if splice is not None:
@@ -611,13 +690,53 @@ class MySQLDialect(Dialect):
             c = self._caller_connection(conn)
             # Your connection in autocommit, outside a transaction: the operation's
             # statements still commit together (a bulk insert's rows, and the ids it hands
-            # back in the order given before anyone may claim them).
+            # back in the order given before anyone may claim them). Inside your
+            # transaction: under a savepoint, since an error in MySQL undoes only the
+            # statement that failed (a bulk insert cut into statements, one of them killed,
+            # left the others' jobs to your COMMIT).
             with _callers_errors():
+                if id(c) not in self._call_savepoint and self._in_transaction(c):
+                    return self._all_or_nothing(c, fn)
                 return self._atomic(c, fn) if atomic else fn(c)
         if atomic:
             return self._own_tx(fn)
         with self._connection() as c:
             return self._retry_deadlock(lambda: fn(c))
+
+    def _all_or_nothing(self, c: pymysql.Connection, fn: Callable[[Any], T]) -> T:
+        """``fn(c)`` in the caller's open transaction, its writes undone if it raises: a
+        savepoint set before its first write (``before_write``; none for a call that only
+        reads), rolled back to on an error, released when it returns."""
+        key = id(c)
+        self._call_savepoint[key] = False
+        try:
+            result = fn(c)
+        except BaseException as exc:
+            if self._call_savepoint.pop(key, False) and _code(exc) != DEADLOCK and c.open:
+                # (a deadlock victim's transaction was rolled back whole: no savepoint left)
+                try:
+                    with c.cursor() as cur:
+                        cur.execute("ROLLBACK TO SAVEPOINT justonce_call")
+                except pymysql.err.MySQLError as undo:
+                    if _code(undo) in GONE or not c.open:
+                        raise  # the session and its transaction are gone (_callers_errors)
+                    raise DatabaseUnavailable(
+                        f"MySQL: this call failed ({exc!r}) and what it wrote in your "
+                        f"transaction could not be undone ({undo.args[-1]}): roll your "
+                        "transaction back") from exc
+            raise
+        if self._call_savepoint.pop(key, False):
+            with c.cursor() as cur:
+                cur.execute("RELEASE SAVEPOINT justonce_call")
+        return result
+
+    def before_write(self, c: pymysql.Connection) -> None:
+        """The savepoint of the call running on the caller's connection ``c``
+        (``_all_or_nothing``), if it is not set yet."""
+        if self._call_savepoint.get(id(c)) is False:
+            with c.cursor() as cur:
+                cur.execute("SAVEPOINT justonce_call")
+            self._call_savepoint[id(c)] = True
 
     def database_mark(self, c: pymysql.Connection) -> Any:
         try:
@@ -637,7 +756,8 @@ class MySQLDialect(Dialect):
             raise
         if not rows:
             return None
-        mark, offset = rows[0]
+        mark, offset, mode, *charsets = rows[0]
+        _check_session(_text(mode or ""), [None if x is None else _text(x) for x in charsets])
         if offset:
             raise InvalidOption(
                 f"conn's session is not in UTC (its NOW() is {int(offset) / 3600:+g} h from "
@@ -676,7 +796,8 @@ class MySQLDialect(Dialect):
         if not conn.open:
             raise InvalidOption("conn is closed")
         if conn.charset.lower() != "utf8mb4":
-            # (latin1 or utf8mb3 cannot carry every argument, result or key: 4-byte UTF-8)
+            # (latin1 or utf8mb3 cannot carry every argument, result or key: 4-byte UTF-8;
+            # the session's own character sets are checked with the database (database_mark))
             raise InvalidOption(f"conn must be opened with charset='utf8mb4' (PyMySQL's default), "
                                 f"not {conn.charset!r}")
         self._ensure_schema()
@@ -817,6 +938,8 @@ class MySQLDialect(Dialect):
     def _count(self, c: pymysql.Connection, statements: Sequence[str], args: dict[str, Any]) -> int:
         """Run ``statements`` in order (one round trip on our own connections, whose
         pending BEGIN rides with them as in ``_run``); the last one's affected rows."""
+        if self._call_savepoint:
+            self.before_write(c)
         todo = self._with_begin(c, statements)
         with c.cursor() as cur:
             if c.client_flag & CLIENT.MULTI_STATEMENTS:
@@ -887,6 +1010,8 @@ class MySQLDialect(Dialect):
         with c.cursor() as cur:
             texts = [cur.mogrify(take_key, {"id": out[i], "key": jobs[i].key}) for i in keyed]
         at = 0
+        if keyed and self._call_savepoint:
+            self.before_write(c)
         while at < len(keyed):
             batch = keyed[at:at + per_trip]
             ran = 0
@@ -947,12 +1072,16 @@ class MySQLDialect(Dialect):
         dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         empty: dict[str, str] = {}  # the common kwargs, escaped once
 
+        # The connection's escaping: it follows the session's NO_BACKSLASH_ESCAPES (ours
+        # never have it; a caller's is refused with it, but escaping as the server reads is
+        # what keeps a value from ending its string).
+        escape = c.escape
+
         def literal(value: Any) -> str:
-            text = dumps(value)
-            return f"'{escape_string(text)}'"
+            return escape(dumps(value))
 
         def repr_item(i: int) -> str:
-            return f"'{escape_string(f'{prefix}{i}')}'"
+            return escape(f"{prefix}{i}")
 
         def kwargs_literal(value: Any) -> str:
             if not value:
@@ -1157,9 +1286,12 @@ class MySQLWaiter:
 class MySQLListOps(ListOps):
     """Lists, with items loaded by multi-row INSERTs."""
 
+    mysql: MySQLDialect
+
     def insert_items(self, c: Any, list_id: int, start: int, items: Sequence[str]) -> None:
         # PyMySQL's executemany sends an INSERT ... VALUES as multi-row INSERTs of up to
         # 1 MB each, instead of one round trip per item (the Dialect's many()).
+        self.mysql.before_write(c)
         with c.cursor() as cur:
             cur.executemany(STATEMENTS["list_item_insert"][0], [
                 {"list_id": list_id, "position": start + i, "item": item}
@@ -1173,6 +1305,7 @@ class MySQLBackend(Store):
         self.mysql = MySQLDialect(url, connect_timeout=connect_timeout)
         super().__init__(self.mysql)
         self.lists = MySQLListOps(self.mysql, self.batches)
+        self.lists.mysql = self.mysql
 
 
 __all__ = ["MySQLBackend", "MySQLDialect", "parse_mysql_url"]

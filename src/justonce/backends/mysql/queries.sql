@@ -398,9 +398,14 @@ DELETE FROM justonce_queue_pauses WHERE queue IN %(picked)s;
 -- same whatever the connection's converters). The same on a replica. And how far the
 -- session's NOW() is from UTC: every time justonce keeps is UTC and read with NOW(6), so a
 -- caller's connection in another time zone would move every lease, fence, delay and
--- expiry it touches by that much (refused unless 0).
+-- expiry it touches by that much (refused unless 0). And the session's sql_mode and
+-- character sets, read in the same round trip: a mode that changes how justonce's
+-- statements parse or what they mean (NO_BACKSLASH_ESCAPES, ORACLE, ...), or a character
+-- set other than utf8mb4 between client and server, would corrupt what is written.
 SELECT TIMESTAMPDIFF(MICROSECOND, '2000-01-01', applied_at),
-       TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(6), NOW(6))
+       TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(6), NOW(6)),
+       @@SESSION.sql_mode, @@SESSION.character_set_client,
+       @@SESSION.character_set_connection, @@SESSION.character_set_results
   FROM justonce_migrations WHERE version = 1;
 
 -- name: queue_pauses
