@@ -148,6 +148,9 @@ class Event(StrEnum):
                         "An effect was marked done after its claim was taken over: it ran twice.")
     EFFECT_RELEASE_ERROR = ("effect.release_error", ERROR, "justonce.effects",
                             "A failed effect could not be released; its lease puts it in doubt.")
+    EFFECT_FINISH_RETRY = ("effect.finish_retry", WARNING, "justonce.effects",
+                           "Marking effects done failed with the database away (maybe after its "
+                           "commit); tried again while their lease lasts.")
     EFFECT_LATE = ("effect.late", WARNING, "justonce.effects",
                    "Claims whose lease (nearly) ran out before their fn started were given back "
                    "unstarted (the process was paused, or a chunk outlasted its lease).")

@@ -271,16 +271,20 @@ class Backend(Protocol):
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
+                           conn: Any = None, left: int = 0,
+                           again: bool = False) -> tuple[set[str], set[str]]:
         """Atomically: chunk ``chunk``'s ``done`` claims (key, token, result JSON) running →
         done, its ``failed`` ones (key, token, error) running → pending, each fenced by its
         token and the chunk. (Keys marked done, keys released); a key in neither had its
         claim taken over. ``left`` keys of the chunk are neither: the chunk keeps them until
-        its lease runs out (then they are in doubt)."""
+        its lease runs out (then they are in doubt). ``again``: a retry after a try whose
+        reply was lost (it may have committed): a key already done (or released) with the
+        claim's token counts as marked (or released) by this finish."""
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
-                    conn: Any = None) -> bool:
-        """running → done, fenced by the claim's token."""
+                    conn: Any = None, again: bool = False) -> bool:
+        """running → done, fenced by the claim's token. ``again``: a retry after a try whose
+        reply was lost: an entry already done with this token answers True."""
 
     def effect_release(self, scope: str, key: str, token: int, error: str,
                        conn: Any = None) -> bool:

@@ -463,12 +463,13 @@ class Store:
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
-        return self.effects.effect_finish_many(scope, chunk, done, failed, conn, left)
+                           conn: Any = None, left: int = 0,
+                           again: bool = False) -> tuple[set[str], set[str]]:
+        return self.effects.effect_finish_many(scope, chunk, done, failed, conn, left, again)
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
-                    conn: Any = None) -> bool:
-        return self.effects.effect_done(scope, key, token, result_json, conn)
+                    conn: Any = None, again: bool = False) -> bool:
+        return self.effects.effect_done(scope, key, token, result_json, conn, again)
 
     def effect_release(self, scope: str, key: str, token: int, error: str,
                        conn: Any = None) -> bool:
