@@ -70,6 +70,9 @@ class Event(StrEnum):
                         "The job names a task this worker's app does not register.")
     JOB_BAD_ARGUMENTS = ("job.bad_arguments", INFO, "justonce.worker",
                          "The job's arguments do not fit its task's signature.")
+    JOB_UNDECODABLE = ("job.undecodable", WARNING, "justonce.worker",
+                       "The job's stored arguments do not decode (a row corrupted outside "
+                       "the library): failed for good, its task not called.")
     JOB_REJECTED = ("job.rejected", WARNING, "justonce.worker",
                     "A late write was rejected: the job's lease was lost before its outcome was written. "
                     "(A write whose reply was lost and that landed all the same is logged as the "

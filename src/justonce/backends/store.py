@@ -64,8 +64,8 @@ def claimed_jobs(rows: list[Any]) -> list[ClaimedJob]:
     return [
         ClaimedJob(int(r[0]), r[1], r[2], a, k, int(r[5]), int(r[6]), float(r[7]), int(r[8]),
                    r[10], None if r[11] is None else int(r[11]),
-                   None if r[12] is None else float(r[12]))
-        for r, (a, k) in zip(rows, decoded, strict=True)
+                   None if r[12] is None else float(r[12]), undecodable=bad)
+        for r, (a, k, bad) in zip(rows, decoded, strict=True)
     ]
 
 
