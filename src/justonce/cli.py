@@ -359,6 +359,8 @@ def _print_job(job: Job) -> None:
     table.add_row("args", json.dumps(job.args))
     table.add_row("kwargs", json.dumps(job.kwargs))
     table.add_row("result", json.dumps(job.result))
+    if job.undecodable:
+        table.add_row("undecodable", job.undecodable)
     out.print(table)
     if job.errors:
         out.print("history", style="bold")

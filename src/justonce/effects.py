@@ -31,11 +31,17 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import failpoints, validate
 from .backends.effectstore import AT_LEAST_ONCE, AT_MOST_ONCE
-from .errors import EffectInDoubt, EffectNotFound, InvalidOption, InvalidTransition
+from .errors import (
+    DatabaseUnavailable,
+    EffectInDoubt,
+    EffectNotFound,
+    InvalidOption,
+    InvalidTransition,
+)
 from .events import Event, emit
 from .models import EffectInfo
 from .owner import default_owner
@@ -56,6 +62,37 @@ max_allowed_packet. Keys of digits never reach it before ``MAX_CHUNK``."""
 LATE_ROUNDS = 3
 """How many times a claim whose lease ran out before ``fn`` could start is claimed anew."""
 LATE_NOTE = "given back unstarted: the claim's lease had (nearly) run out before fn could start"
+FINISH_TRIES = 5
+"""How many times a done mark (a chunk's finish, a claim's ``done``) is tried when the
+database is away, while the claim's lease lasts."""
+FINISH_WAIT = 0.05
+"""The first wait between two tries of a done mark, doubled after each."""
+T = TypeVar("T")
+
+
+def _finishing(write: Callable[[bool], T], deadline: float | None, scope: str, keys: int) -> T:
+    """``write(again)``: a done mark, tried again when it fails with the database away
+    (DatabaseUnavailable: a killed connection, a restart, a network blip; or a failpoint's
+    ``raise``, which stands for one), at most FINISH_TRIES times and only while the
+    claim's lease lasts (``deadline``, by the process's clock; None: no retry, as in the
+    caller's transaction, which is gone with its connection). The fn of every key has
+    returned by then: without a retry, one lost reply put the whole chunk in doubt. Marks
+    are fenced by token and chunk, so a try may be repeated; ``again`` tells the write
+    that an earlier try may have committed (its reply lost). Another error (a refused
+    key, a bug) is not retried."""
+    wait = FINISH_WAIT
+    for attempt in range(FINISH_TRIES):
+        try:
+            return write(attempt > 0)
+        except (DatabaseUnavailable, failpoints.FailpointError):
+            if (deadline is None or attempt + 1 >= FINISH_TRIES
+                    or time.monotonic() + wait >= deadline):
+                raise
+            emit(Event.EFFECT_FINISH_RETRY, "marking effects done failed; trying again",
+                 scope=scope, keys=keys, attempt=attempt + 1, exc_info=True)
+        time.sleep(wait)
+        wait *= 2
+    raise AssertionError("unreachable")  # (the last try returns or raises)
 
 
 def _key_text(key: str) -> int:
@@ -178,7 +215,7 @@ class EffectClaim:
     (or :meth:`release` when it failed)."""
 
     def __init__(self, effects: Effects, scope: str, key: str, found: str, token: int | None,
-                 conn: Any) -> None:
+                 conn: Any, deadline: float | None = None) -> None:
         # Built by claim; checked all the same, as its fields go to SQL when it is done.
         scope, key = _scope(scope), _key(key)
         if token is not None:
@@ -186,6 +223,9 @@ class EffectClaim:
         self._effects, self.scope, self.key = effects, scope, key
         self.state, self.token, self._conn = found, token, conn
         self.idempotency_key = f"{scope}:{key}"
+        # (the lease's end by this process's clock: a done mark lost with the connection is
+        # tried again until then; None in the caller's transaction, which goes with it)
+        self._deadline = deadline if conn is None else None
 
     @property
     def claimed(self) -> bool:
@@ -196,8 +236,16 @@ class EffectClaim:
         taken over meanwhile (at-least-once, lease expired): the effect ran twice."""
         token = self._token()
         result_json, _ = validate.result_json(result)
-        ok = self._effects.app.backend.effect_done(self.scope, self.key, token, result_json,
-                                                   conn=self._conn)
+        backend = self._effects.app.backend
+
+        def mark(again: bool) -> bool:
+            ok = backend.effect_done(self.scope, self.key, token, result_json, conn=self._conn,
+                                     again=again)
+            if failpoints.ACTIVE:
+                failpoints.hit("effect.after_finish")
+            return ok
+
+        ok = _finishing(mark, self._deadline, self.scope, 1)
         if not ok:
             emit(Event.EFFECT_OVERTAKEN, "effect done after its claim was taken over",
                  scope=self.scope, key=self.key)
@@ -233,9 +281,10 @@ class Effects:
         wait = validate.bounded(lock_timeout, "lock_timeout", 0.001, 3600)
         who = _owner() if owner is None else validate.owner(owner)
         failpoints.hit("effect.before_claim")
+        sent = time.monotonic()
         found, token = self.app.backend.effect_claim(
             scope, key, policy, who, lease_s, wait, conn=conn)
-        return EffectClaim(self, scope, key, found, token, conn)
+        return EffectClaim(self, scope, key, found, token, conn, sent + lease_s)
 
     def run(self, scope: str, key: Any, fn: Callable[[str], Any], *, policy: str = AT_MOST_ONCE,
             lease: float | timedelta = 60.0, lock_timeout: float | timedelta = 5.0,
@@ -429,8 +478,17 @@ class Effects:
                 emit(Event.EFFECT_RELEASE_ERROR, "could not finish a chunk of effects after "
                      "an interruption", exc_info=True)
             raise
-        marked, _ = backend.effect_finish_many(scope, chunk, done, failed + late, conn=conn,
-                                               left=len(doubt))
+
+        def finish(again: bool) -> tuple[set[str], set[str]]:
+            out = backend.effect_finish_many(scope, chunk, done, failed + late, conn=conn,
+                                             left=len(doubt), again=again)
+            if failpoints.ACTIVE:
+                failpoints.hit("effect.after_finish")  # (a raise here: a reply lost after COMMIT)
+            return out
+
+        # (retried while the chunk's lease lasts: counted from before its claim was sent)
+        marked, _ = _finishing(finish, None if conn is not None else claimed_at + lease,
+                               scope, len(done) + len(failed) + len(late))
         if doubt:
             emit(Event.EFFECT_LEFT_IN_DOUBT, "effects whose outcome is unknown were left in doubt",
                  scope=scope, keys=len(doubt))

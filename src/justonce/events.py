@@ -70,6 +70,9 @@ class Event(StrEnum):
                         "The job names a task this worker's app does not register.")
     JOB_BAD_ARGUMENTS = ("job.bad_arguments", INFO, "justonce.worker",
                          "The job's arguments do not fit its task's signature.")
+    JOB_UNDECODABLE = ("job.undecodable", WARNING, "justonce.worker",
+                       "The job's stored arguments do not decode (a row corrupted outside "
+                       "the library): failed for good, its task not called.")
     JOB_REJECTED = ("job.rejected", WARNING, "justonce.worker",
                     "A late write was rejected: the job's lease was lost before its outcome was written. "
                     "(A write whose reply was lost and that landed all the same is logged as the "
@@ -148,6 +151,9 @@ class Event(StrEnum):
                         "An effect was marked done after its claim was taken over: it ran twice.")
     EFFECT_RELEASE_ERROR = ("effect.release_error", ERROR, "justonce.effects",
                             "A failed effect could not be released; its lease puts it in doubt.")
+    EFFECT_FINISH_RETRY = ("effect.finish_retry", WARNING, "justonce.effects",
+                           "Marking effects done failed with the database away (maybe after its "
+                           "commit); tried again while their lease lasts.")
     EFFECT_LATE = ("effect.late", WARNING, "justonce.effects",
                    "Claims whose lease (nearly) ran out before their fn started were given back "
                    "unstarted (the process was paused, or a chunk outlasted its lease).")

@@ -51,6 +51,8 @@ POINTS: dict[str, str] = {
     "partition.after_acquire": "a slot was acquired; its holder has not yet used it",
     "effect.before_claim": "an effect (or a chunk of run_many) is about to be claimed",
     "effect.after_fn": "an effect's function returned; the effect is not yet marked done",
+    "effect.in_finish": "a chunk's finishing transaction wrote its marks; not yet committed",
+    "effect.after_finish": "an effect's (or a chunk's) done mark committed; not yet seen",
     "effect.after_chunk": "a chunk of run_many was marked done; the next is not claimed",
     "batch.before_ack": "batch items are about to be acked",
     "batch.before_seal": "a batch is about to be sealed",

@@ -49,6 +49,7 @@ _FAILURE_REASONS = {
     Event.JOB_FAILED.value: "error", Event.JOB_TIMEOUT.value: "timeout",
     Event.JOB_INTERRUPTED.value: "interrupted",
     Event.JOB_UNKNOWN_TASK.value: "unknown_task", Event.JOB_BAD_ARGUMENTS.value: "bad_arguments",
+    Event.JOB_UNDECODABLE.value: "undecodable",
 }
 _SUCCEEDED, _CLAIMED = Event.JOB_SUCCEEDED, Event.JOB_CLAIMED
 _CACHE_MAX = 10_000
@@ -94,7 +95,7 @@ class WorkerMetrics:
                                                    the outcome was written)
     ``justonce_job_failures_total{queue,task,      failed attempts by reason: ``error``,
     reason}``                                      ``timeout``, ``unknown_task``,
-                                                   ``bad_arguments``
+                                                   ``bad_arguments``, ``undecodable``
     ``justonce_job_run_duration_seconds``          how long attempts ran (all outcomes)
     ``{queue,task}`` (histogram)
     ``justonce_job_queue_wait_seconds{queue}``     from due (``run_at``) to claimed, by the

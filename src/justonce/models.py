@@ -91,6 +91,13 @@ class Job:
     errors: list[dict[str, Any]] = field(default_factory=list)
     duplicate: bool = False
     """True when ``enqueue`` found a live job holding the key and returned it instead."""
+    undecodable: str | None = None
+    """Set when a stored JSON column of the row does not decode (or ``args`` is not a list,
+    ``kwargs`` not an object): which column and why, with the start of the stored text.
+    The library never stores such a row; a hand edit or a session with other SQL modes
+    can. ``args``/``kwargs`` are then ``[]``/``{}`` (``result`` the stored text, ``errors``
+    ``[]``) so that the job can still be read, listed and deleted; a worker that claims it
+    fails it at once, for good (``undecodable``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,10 @@ class ClaimedJob:
     job's slot) was still held. Set on the job that :func:`justonce.current_job` returns;
     None on a claimed job not started yet. A task whose code begins long after it (its
     process was paused in between) knows that its lease may have run out meanwhile."""
+    undecodable: str | None = None
+    """Set when the row's stored ``args``/``kwargs`` do not decode as a list and an object
+    (then they are ``[]``/``{}``): the worker fails the job at once, for good, instead of
+    calling its task (see :attr:`Job.undecodable`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,16 +271,20 @@ class Backend(Protocol):
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
+                           conn: Any = None, left: int = 0,
+                           again: bool = False) -> tuple[set[str], set[str]]:
         """Atomically: chunk ``chunk``'s ``done`` claims (key, token, result JSON) running →
         done, its ``failed`` ones (key, token, error) running → pending, each fenced by its
         token and the chunk. (Keys marked done, keys released); a key in neither had its
         claim taken over. ``left`` keys of the chunk are neither: the chunk keeps them until
-        its lease runs out (then they are in doubt)."""
+        its lease runs out (then they are in doubt). ``again``: a retry after a try whose
+        reply was lost (it may have committed): a key already done (or released) with the
+        claim's token counts as marked (or released) by this finish."""
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
-                    conn: Any = None) -> bool:
-        """running → done, fenced by the claim's token."""
+                    conn: Any = None, again: bool = False) -> bool:
+        """running → done, fenced by the claim's token. ``again``: a retry after a try whose
+        reply was lost: an entry already done with this token answers True."""
 
     def effect_release(self, scope: str, key: str, token: int, error: str,
                        conn: Any = None) -> bool:
@@ -443,12 +447,66 @@ def load_queries(path: Path, macros: dict[str, str] | None = None) -> dict[str, 
     return queries
 
 
-def decode_arguments(pairs: list[tuple[str, str]]) -> list[tuple[Any, Any]]:
-    """Decode the (args, kwargs) JSON texts of a claimed batch with one parser call."""
+def decode_arguments(pairs: list[tuple[str, str]]) -> list[tuple[Any, Any, str | None]]:
+    """Decode the (args, kwargs) JSON texts of a claimed batch: (args, kwargs, None), or
+    ([], {}, why) for a row whose texts do not decode as a list and an object. One parser
+    call for the whole batch when every row is sound (the usual case); when that call
+    fails, or its answer is not one [list, object] pair per row, each row is decoded by
+    itself, so one corrupt row (stored by hand, or by a session in other SQL modes) fails
+    only its own job: it stopped the whole batch, claimed again and again until every job
+    of it was dead unrun."""
     if not pairs:
         return []
     doc = ",".join(f"[{a},{k}]" for a, k in pairs)
-    return [tuple(p) for p in json.loads(f"[{doc}]")]
+    try:
+        decoded = json.loads(f"[{doc}]")
+    except ValueError:
+        decoded = None
+    if (isinstance(decoded, list) and len(decoded) == len(pairs)
+            and all(type(p) is list and len(p) == 2 and type(p[0]) is list and type(p[1]) is dict
+                    for p in decoded)):
+        return [(p[0], p[1], None) for p in decoded]
+    return [decode_pair(a, k) for a, k in pairs]
+
+
+def decode_pair(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any], str | None]:
+    """One row's (args, kwargs), as JSON texts or (Postgres jsonb) already decoded:
+    (args, kwargs, None), or ([], {}, what is wrong) when they are not a list and an object."""
+    out: list[Any] = []
+    for name, value, want in (("args", args, list), ("kwargs", kwargs, dict)):
+        try:
+            decoded = json.loads(value) if isinstance(value, str | bytes) else value
+        except ValueError as exc:
+            return [], {}, f"{name} does not decode as JSON ({exc}): {_start(value)}"
+        if type(decoded) is not want:
+            return [], {}, (f"{name} is not a JSON {'list' if want is list else 'object'}: "
+                            f"{_start(value)}")
+        out.append(decoded)
+    return out[0], out[1], None
+
+
+def decode_column(row: dict[str, Any], col: str) -> None:
+    """Decode the JSON text of ``row[col]`` in place. A text that does not decode is not
+    raised (one corrupt row made ``get_job`` and every listing with it fail): ``result``
+    keeps the stored text, ``errors`` becomes [], ``args``/``kwargs`` are left for
+    job_from_row to check, and ``row["undecodable"]`` says which and why."""
+    value = row.get(col)
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if not isinstance(value, str):
+        return
+    try:
+        row[col] = json.loads(value)
+    except ValueError as exc:
+        if col in ("args", "kwargs"):
+            return  # (job_from_row's check names it)
+        row[col] = value if col == "result" else []
+        row.setdefault("undecodable", f"{col} does not decode as JSON ({exc}): {_start(value)}")
+
+
+def _start(value: Any) -> str:
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return repr(text[:200]) + ("..." if len(text) > 200 else "")
 
 
 def migration_files(folder: Path) -> list[tuple[int, str, str]]:
@@ -474,13 +532,15 @@ def job_from_insert(new: NewJob, job_id: int, state: str, run_at: datetime,
 
 
 def job_from_row(row: dict[str, Any], duplicate: bool = False) -> Job:
-    """Build a Job from a row mapping whose JSON and time columns are already decoded."""
+    """Build a Job from a row mapping whose JSON and time columns are already decoded
+    (args and kwargs may still be text that did not decode: see Job.undecodable)."""
+    args, kwargs, bad = decode_pair(row["args"], row["kwargs"])
     return Job(
         id=row["id"],
         queue=row["queue"],
         task=row["task"],
-        args=row["args"],
-        kwargs=row["kwargs"],
+        args=args,
+        kwargs=kwargs,
         state=JobState(row["state"]),
         priority=row["priority"],
         attempts=row["attempts"],
@@ -499,4 +559,5 @@ def job_from_row(row: dict[str, Any], duplicate: bool = False) -> Job:
         result=row["result"],
         errors=row["errors"],
         duplicate=duplicate,
+        undecodable=bad or row.get("undecodable"),
     )

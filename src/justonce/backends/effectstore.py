@@ -31,6 +31,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from .. import failpoints
 from ..errors import InvalidOption
 from ..models import EffectInfo
 from .dialect import Dialect
@@ -145,7 +146,8 @@ class EffectOps:
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
+                           conn: Any = None, left: int = 0,
+                           again: bool = False) -> tuple[set[str], set[str]]:
         """In one transaction: mark done the ``done`` claims (key, token, result JSON) of
         chunk ``chunk`` and release the ``failed`` ones (key, token, error), each fenced by
         its token and the chunk. Returns (keys marked done, keys released); a key in
@@ -167,7 +169,17 @@ class EffectOps:
         ``left``: how many claimed keys are in neither (their function raised
         EffectInDoubt): the done keys are then marked on their own entries and the chunk's
         row is not marked at all, so it keeps holding those keys until its lease runs out,
-        and they are in doubt from then on, as if the process had died there."""
+        and they are in doubt from then on, as if the process had died there.
+
+        ``again``: this is a retry after a try that failed with its outcome unknown (the
+        connection was lost, maybe after the COMMIT landed). The marks are fenced, so the
+        retry writes nothing the first try wrote; but a first try that committed has taken
+        every entry out of the chunk (or marked the chunk done), and the retry's own marks
+        find nothing. So a key the retry did not mark is read back: done (through the
+        chunk or by itself) with the claim's token is marked by this finish (nothing else
+        marks an entry done without a new token but an operator's verdict on it once in
+        doubt, which says the same: it happened), pending with it is released. Only retries
+        read: the first try costs what it did."""
         if not done and not failed:
             return set(), set()  # (nothing to mark: a chunk of keys left in doubt stays as it is)
         if len({k for k, _, _ in done} | {k for k, _, _ in failed}) != len(done) + len(failed):
@@ -176,8 +188,25 @@ class EffectOps:
         # result); the rest are marked on their own entries.
         together = done if not left and len({r for _, _, r in done}) <= 1 else []
         each = [(k, t, r, None) for k, t, r in done if not together] + [(k, t, None, e) for k, t, e in failed]
-        return self.d.tx(conn, lambda c: self._finish(c, scope, chunk, sorted(each), together,
-                                                      close=not left))
+        marked, released = self.d.tx(conn, lambda c: self._finish(c, scope, chunk, sorted(each),
+                                                                  together, close=not left))
+        if again:
+            marked |= self._already(scope, [(k, t) for k, t, _ in done if k not in marked],
+                                    "done", conn)
+            released |= self._already(scope, [(k, t) for k, t, _ in failed if k not in released],
+                                      "pending", conn)
+        return marked, released
+
+    def _already(self, scope: str, claims: Sequence[tuple[str, int]], state: str,
+                 conn: Any) -> set[str]:
+        """The keys of ``claims`` (key, token) whose entry is ``state`` with the claim's
+        token: a retried finish's first try committed these (see effect_finish_many)."""
+        out = set()
+        for key, token in claims:
+            info = self.effect_get(scope, key, conn)
+            if info is not None and info.token == token and info.state == state:
+                out.add(key)
+        return out
 
     def _finish(self, c: Any, scope: str, chunk: int,
                 rows: Sequence[tuple[str, int, str | None, str | None]],
@@ -186,6 +215,8 @@ class EffectOps:
         out = []
         for piece in _pieces(rows, self.d.statement_bytes):
             out += self.d.finish_effects(c, scope, chunk, piece)
+        if failpoints.ACTIVE:
+            failpoints.hit("effect.in_finish")  # (inside the finish's transaction, uncommitted)
         marked = {k for k, state in out if state == "done"}
         released = {k for k, state in out if state == "pending"}
         if not close:  # (keys left in doubt: the chunk holds them until its lease runs out)
@@ -216,9 +247,12 @@ class EffectOps:
         return marked, released
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
-                    conn: Any = None) -> bool:
+                    conn: Any = None, again: bool = False) -> bool:
         params = {"scope": scope, "key": key, "token": token, "result": result_json}
-        return bool(self.d.tx(conn, lambda c: self.d.rows(c, "effect_done", params)))
+        if bool(self.d.tx(conn, lambda c: self.d.rows(c, "effect_done", params))):
+            return True
+        # (a retry whose first try committed finds the entry done with its own token)
+        return again and bool(self._already(scope, [(key, token)], "done", conn))
 
     def effect_release(self, scope: str, key: str, token: int, error: str,
                        conn: Any = None) -> bool:

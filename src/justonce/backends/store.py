@@ -64,8 +64,8 @@ def claimed_jobs(rows: list[Any]) -> list[ClaimedJob]:
     return [
         ClaimedJob(int(r[0]), r[1], r[2], a, k, int(r[5]), int(r[6]), float(r[7]), int(r[8]),
                    r[10], None if r[11] is None else int(r[11]),
-                   None if r[12] is None else float(r[12]))
-        for r, (a, k) in zip(rows, decoded, strict=True)
+                   None if r[12] is None else float(r[12]), undecodable=bad)
+        for r, (a, k, bad) in zip(rows, decoded, strict=True)
     ]
 
 
@@ -463,12 +463,13 @@ class Store:
 
     def effect_finish_many(self, scope: str, chunk: int, done: Sequence[tuple[str, int, str | None]],
                            failed: Sequence[tuple[str, int, str]],
-                           conn: Any = None, left: int = 0) -> tuple[set[str], set[str]]:
-        return self.effects.effect_finish_many(scope, chunk, done, failed, conn, left)
+                           conn: Any = None, left: int = 0,
+                           again: bool = False) -> tuple[set[str], set[str]]:
+        return self.effects.effect_finish_many(scope, chunk, done, failed, conn, left, again)
 
     def effect_done(self, scope: str, key: str, token: int, result_json: str | None,
-                    conn: Any = None) -> bool:
-        return self.effects.effect_done(scope, key, token, result_json, conn)
+                    conn: Any = None, again: bool = False) -> bool:
+        return self.effects.effect_done(scope, key, token, result_json, conn, again)
 
     def effect_release(self, scope: str, key: str, token: int, error: str,
                        conn: Any = None) -> bool:

@@ -247,7 +247,7 @@ def _on_event(event: Event, fields: Mapping[str, Any]) -> None:
         extra = {} if ev == "complete" else {"final": False}
         _record(ev, job=fields["job_id"], token=fields["token"], accepted=False, **extra)
     elif event in (Event.JOB_FAILED, Event.JOB_TIMEOUT, Event.JOB_UNKNOWN_TASK,
-                   Event.JOB_BAD_ARGUMENTS):
+                   Event.JOB_BAD_ARGUMENTS, Event.JOB_UNDECODABLE):
         _record("fail", job=fields["job_id"], token=fields["token"], accepted=True,
                 final=fields.get("state") == "dead")
     elif event is Event.PARTITION_ACQUIRED:

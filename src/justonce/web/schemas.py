@@ -107,6 +107,9 @@ class JobOut(Out):
     result: Any = None
     errors: list[dict[str, Any]] = Field(default_factory=list, description="One per failed attempt.")
     duplicate: bool = False
+    undecodable: str | None = Field(
+        default=None, description="Set when a stored JSON column of the job does not decode "
+        "(corrupted outside the library): which and why; args/kwargs are then []/{}.")
 
 
 class JobPage(BaseModel):

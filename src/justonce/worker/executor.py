@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class Outcome:
-    """``kind`` is succeeded, failed, timeout, unknown_task, bad_arguments or not_started
+    """``kind`` is succeeded, failed, timeout, unknown_task, bad_arguments, undecodable or not_started
     (an async job its gate stopped: no code ran)."""
 
     kind: str
@@ -157,6 +157,12 @@ class Executor:
         is ``not_started`` and nothing ran."""
         start = time.perf_counter()
         task = self.app.tasks.get(job.task)
+        if job.undecodable is not None:
+            # (stored corrupt: every attempt would find it so, and calling the task with
+            # anything else would run it on arguments nobody gave)
+            return self._fail(job, start, "undecodable", task,
+                              f"the job's stored arguments do not decode: {job.undecodable}",
+                              final=True)
         if task is None:
             return self._fail(job, start, "unknown_task", None,
                               f"unknown task {job.task!r}: no worker task is registered "

@@ -55,6 +55,7 @@ long of the pause, or not at all."""
 _FAILURE_EVENTS = {
     "failed": Event.JOB_FAILED, "timeout": Event.JOB_TIMEOUT, "interrupted": Event.JOB_INTERRUPTED,
     "unknown_task": Event.JOB_UNKNOWN_TASK, "bad_arguments": Event.JOB_BAD_ARGUMENTS,
+    "undecodable": Event.JOB_UNDECODABLE,
 }
 
 _REPLY_LOST: dict[str, Any] = {"reply_lost": True}

@@ -46,7 +46,7 @@ from ...errors import (
 from ...models import NewJob
 from ...validate import json_text, shown
 from .. import check_escapes, pool_size, redact_url
-from ..base import load_queries, migration_files
+from ..base import decode_column, load_queries, migration_files
 from ..dialect import Dialect
 from ..liststore import ListOps
 from ..store import Store
@@ -1242,11 +1242,7 @@ def _strip_comments(text: str) -> str:
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
     for col in JOB_COLUMNS_JSON:
-        value = row.get(col)
-        if isinstance(value, bytes):
-            value = value.decode()
-        if isinstance(value, str):
-            row[col] = json.loads(value)
+        decode_column(row, col)  # (a corrupt column is marked, not raised: Job.undecodable)
     for col in JOB_COLUMNS_TIME:
         if col in row:
             row[col] = _aware(row[col])

@@ -34,7 +34,7 @@ from ...errors import (
 )
 from ...validate import plain_int, shown
 from .. import redact_url
-from ..base import load_queries, migration_files
+from ..base import decode_column, load_queries, migration_files
 from ..dialect import Dialect
 from ..store import Store
 from .functions import register_functions
@@ -112,8 +112,7 @@ def _epoch(value: datetime | None) -> float | None:
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
     for col in ("args", "kwargs", "errors", "result"):
-        if row.get(col) is not None:
-            row[col] = json.loads(row[col])
+        decode_column(row, col)  # (a corrupt column is marked, not raised: Job.undecodable)
     for col in ("run_at", "created_at", "started_at", "finished_at", "lease_expires_at"):
         row[col] = _ts(row.get(col))
     return row
