@@ -294,6 +294,9 @@ class PostgresDialect(Dialect):
         transaction of ours."""
         self._lock = threading.Lock()
         self._schema_ok = False
+        self._seen = threading.local()
+        """``isolation``: the transaction_isolation the last check of a caller's
+        connection read on this thread (database_mark), for tx."""
 
     # -- connections ------------------------------------------------------------------
     def _get_pool(self) -> ConnectionPool:
@@ -528,7 +531,14 @@ class PostgresDialect(Dialect):
     def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
         if conn is not None:
             c = self._caller_connection(conn)
-            with self._callers_errors():
+            with self._callers_errors(c):
+                if (c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+                        and id(c) not in self._own):  # (ours: its whole transaction rolls back)
+                    # (a connection without autocommit is in one now: the check began it)
+                    return self._under_savepoint(c, fn)
+                if atomic:  # autocommit, outside a transaction: the call's own transaction
+                    with c.transaction():
+                        return fn(c)
                 return fn(c)
         with self._connection() as c:
             if not atomic or self._local_schema is not None:  # (there, c is in one already)
@@ -536,8 +546,50 @@ class PostgresDialect(Dialect):
             with c.transaction():
                 return fn(c)
 
+    @staticmethod
+    def _under_savepoint(c: psycopg.Connection, fn: Callable[[Any], T]) -> T:
+        """``fn(c)`` inside the caller's open transaction, all or nothing: an error in
+        PostgreSQL aborts the whole transaction, so a call that failed there (a lock
+        timeout on a key another transaction holds) left the caller's COMMIT to roll back
+        their own earlier writes, silently. Rolled back to the savepoint instead, the
+        transaction and what the caller wrote before the call stay as they were. (Each call
+        that writes takes a subtransaction id: PostgreSQL keeps 64 per transaction in shared
+        memory before it must look them up, a cost only very long transactions feel.)"""
+        c.execute("SAVEPOINT justonce_call")
+        try:
+            result = fn(c)
+        except BaseException:
+            # Nothing to go back to if the session ended, or if the server ended the whole
+            # transaction (a deadlock, a serialization failure leave it INERROR: the
+            # savepoint is still there, and rolling back to it is right then too).
+            if not c.closed and c.info.transaction_status in _OPEN:
+                try:
+                    c.execute("ROLLBACK TO SAVEPOINT justonce_call")
+                    c.execute("RELEASE SAVEPOINT justonce_call")
+                except psycopg.Error as undo:
+                    if c.closed or c.info.transaction_status not in _OPEN:
+                        raise  # the session is gone (_callers_errors says so)
+                    raise DatabaseUnavailable(
+                        "PostgreSQL: this call failed and what it wrote in your transaction "
+                        f"could not be undone ({str(undo).splitlines()[0]}): roll your "
+                        "transaction back") from undo
+            raise
+        c.execute("RELEASE SAVEPOINT justonce_call")
+        return result
+
     def database_mark(self, c: psycopg.Connection) -> Any:
-        return tuple(self.rows(c, "database_mark", {})[0])
+        # The caller's session settings come with the mark: the same round trip.
+        row = self.rows(c, "database_mark", {})[0]
+        database, table, system, *session = row
+        # (text comes back as bytes under client_encoding SQL_ASCII, refused here)
+        datestyle, encoding, isolation = (v.decode("ascii", "replace") if isinstance(v, bytes)
+                                          else str(v) for v in session)
+        _check_session(datestyle, encoding)
+        self._seen.isolation = isolation
+        return database, table, system
+
+    def own_mark(self) -> Any:
+        return self.on(None, lambda c: tuple(self.rows(c, "database_mark", {})[0][:3]))
 
     def other_database(self, mine: Any, theirs: Any) -> str | None:
         database, table, system = theirs
@@ -573,14 +625,15 @@ class PostgresDialect(Dialect):
         return conn
 
     @contextmanager
-    def _callers_errors(self) -> Iterator[None]:
+    def _callers_errors(self, c: psycopg.Connection | None = None) -> Iterator[None]:
         """The server's errors on your connection, as justonce's. justonce's statements
         name its tables unqualified: on your connection, with ``?schema=``, they resolve
         through your search_path; one that cannot see them gets InvalidOption, not the
         server's "relation does not exist". A deadlock, or (REPEATABLE READ, SERIALIZABLE) a
         transaction that cannot be serialized with a concurrent one (a keyed insert whose
         key another transaction committed after your snapshot began), is a
-        DatabaseUnavailable: the whole transaction must be run again."""
+        DatabaseUnavailable: the whole transaction must be run again. ``c``: the
+        connection, read after the error to say whether your transaction survived it."""
         try:
             yield
         except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
@@ -589,13 +642,29 @@ class PostgresDialect(Dialect):
                 "back and run it again from its start") from exc
         except psycopg.errors.LockNotAvailable as exc:
             raise LockTimeout(f"PostgreSQL: {str(exc).splitlines()[0]}") from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise InvalidOption(
+                "your transaction on conn is read-only (default_transaction_read_only, SET "
+                "TRANSACTION READ ONLY, or a standby): justonce writes in it; use a read-write "
+                f"transaction ({str(exc).splitlines()[0]})") from exc
         except psycopg.OperationalError as exc:
-            # The session ended (the server shut it down, the network broke) or your own
-            # statement_timeout: what your transaction wrote is gone.
+            # The session ended (the server shut it down, the network broke) or a statement
+            # was cancelled (your statement_timeout, pg_cancel_backend): say what is left.
+            what = f"PostgreSQL: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            alive = c is not None and not c.closed
+            if alive and c is not None and c.info.transaction_status == \
+                    psycopg.pq.TransactionStatus.INTRANS:
+                raise DatabaseUnavailable(
+                    f"{what}: what this call wrote in your transaction was undone; your "
+                    "transaction is still open, with your own writes, and usable") from exc
+            if alive and c is not None and c.autocommit and c.info.transaction_status == \
+                    psycopg.pq.TransactionStatus.IDLE:
+                raise DatabaseUnavailable(
+                    f"{what}: this call ran in a transaction of its own on conn (autocommit), "
+                    "which was rolled back: nothing of it was written") from exc
             raise DatabaseUnavailable(
-                f"PostgreSQL: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}: "
-                "your transaction is gone: reconnect if the connection is closed, and run it "
-                "again") from exc
+                f"{what}: your transaction is gone: reconnect if the connection is closed, "
+                "and run it again") from exc
         except psycopg.errors.UndefinedTable as exc:
             if self.schema is None:
                 raise
@@ -609,30 +678,31 @@ class PostgresDialect(Dialect):
         if conn is None:
             return self.on(None, fn, atomic=True)
         c = self._caller_connection(conn)
-        with self._callers_errors():
-            level = ("read committed",) if id(c) in self._own else c.execute(
-                "SHOW transaction_isolation").fetchone()
-        if level is None or level[0] != "read committed":
+        level = "read committed" if id(c) in self._own else self._isolation(c)
+        if level != "read committed":
             raise InvalidOption(
                 "batch operations on your connection need READ COMMITTED isolation (each "
-                "statement must see what committed before it), not "
-                f"{level[0] if level else 'unknown'}: use another connection for them"
-            )
-        if c.autocommit:  # a transaction of its own (a savepoint inside a transaction block)
-            with self._callers_errors(), c.transaction():
+                f"statement must see what committed before it), not {level}: use another "
+                "connection for them")
+        with self._callers_errors(c):
+            if c.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                # Inside the caller's transaction (without autocommit, the check began one),
+                # under a savepoint so that a refused call leaves the caller's writes alone.
+                return self._under_savepoint(c, fn)
+            with c.transaction():  # autocommit: a transaction of its own
                 return fn(c)
-        # Inside the caller's transaction (psycopg opens it before the SAVEPOINT if none is
-        # open), under a savepoint so that a refused call leaves the caller's writes alone.
-        c.execute("SAVEPOINT justonce")
-        try:
-            with self._callers_errors():
-                result = fn(c)
-        except BaseException:
-            c.execute("ROLLBACK TO SAVEPOINT justonce")
-            c.execute("RELEASE SAVEPOINT justonce")
-            raise
-        c.execute("RELEASE SAVEPOINT justonce")
-        return result
+
+    def _isolation(self, c: psycopg.Connection) -> str:
+        """The isolation level a batch operation on the caller's connection ``c`` runs in.
+        The check's read (database_mark) saw the transaction's own, or, on a connection in
+        autocommit outside a transaction, the session's default: but the transaction
+        ``tx`` then opens there begins in the connection's ``isolation_level`` when it is
+        set (``BEGIN ISOLATION LEVEL REPEATABLE READ``); a batch acked in it never
+        completed (each ack's snapshot missed the others')."""
+        if (c.autocommit and c.isolation_level is not None
+                and c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
+            return c.isolation_level.name.lower().replace("_", " ")
+        return str(getattr(self._seen, "isolation", "unknown"))
 
     def rows(self, c: psycopg.Connection, name: str, params: dict[str, Any]) -> list[Any]:
         # Every statement run here returns rows (in pipeline mode a cursor cannot tell
@@ -696,23 +766,29 @@ class PostgresDialect(Dialect):
             raise LockTimeout(f"a ledger entry stayed locked for {lock_timeout:g}s") from exc
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
-        c = self.fence_connection(conn)
+        c = self._caller_connection(conn)
+        if c.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+            raise InvalidOption("lock_row() needs your open transaction on conn (inside "
+                                "`with conn.transaction():`, or a connection without "
+                                "autocommit): a row lock outside one would hold nothing")
         query = sql.SQL("SELECT 1 FROM {} WHERE {} = %s FOR UPDATE").format(
             sql.Identifier(*table.split(".")), sql.Identifier(column))
-        c.execute("SAVEPOINT justonce_lock")
-        try:
+
+        def lock(c: psycopg.Connection) -> bool:
             with _lock_timeout(c, timeout):
-                found = c.execute(query, (value,)).fetchone() is not None
-        except psycopg.errors.LockNotAvailable as exc:
-            c.execute("ROLLBACK TO SAVEPOINT justonce_lock")
-            c.execute("RELEASE SAVEPOINT justonce_lock")
-            raise LockTimeout(f"row {table}.{column} = {shown(value)} stayed locked for {timeout:g}s") from exc
-        except BaseException:
-            c.execute("ROLLBACK TO SAVEPOINT justonce_lock")
-            c.execute("RELEASE SAVEPOINT justonce_lock")
-            raise
-        c.execute("RELEASE SAVEPOINT justonce_lock")  # the row lock stays with the transaction
-        return found
+                return c.execute(query, (value,)).fetchone() is not None
+
+        with self._callers_errors(c):
+            try:
+                # (the row lock stays with the transaction when the savepoint is released)
+                return self._under_savepoint(c, lock)
+            except psycopg.errors.LockNotAvailable as exc:
+                raise LockTimeout(f"row {table}.{column} = {shown(value)} stayed locked for "
+                                  f"{timeout:g}s") from exc
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn,
+                    psycopg.errors.InvalidSchemaName) as exc:
+                raise InvalidOption(f"lock_row(): {str(exc).splitlines()[0]} (on conn, "
+                                    "through its search_path; name it schema.table)") from None
 
     def array(self, values: Sequence[str | int | None]) -> Any:
         """An array literal (``{"a",NULL,7}``) for a ``%(x)s::text[]`` / ``::bigint[]``
@@ -880,6 +956,12 @@ class PostgresListOps(ListOps):
     def insert_items(self, c: Any, list_id: int, start: int, items: Sequence[str]) -> None:
         # COPY instead of one INSERT per item (list_item_insert): see bench/lists_bench.py
         # for the load rate of each.
+        if c.info.pipeline_status != psycopg.pq.PipelineStatus.OFF:
+            # (the list's row, written before, is undone with the call's savepoint or
+            # transaction)
+            raise InvalidOption("conn is in pipeline mode (inside `with conn.pipeline():`), "
+                                "where PostgreSQL cannot COPY a list's items: load the list "
+                                "outside the pipeline block")
         with c.cursor() as cur, cur.copy(
                 "COPY justonce_list_items (list_id, position, item) FROM STDIN") as cp:
             for i, item in enumerate(items):
@@ -938,6 +1020,27 @@ def _lock_timeout(c: psycopg.Connection, seconds: float) -> Iterator[None]:
     c.execute("SELECT set_config('lock_timeout', %s, true)", (_ms(seconds),))
     yield
     c.execute("SELECT set_config('lock_timeout', %s, true)", (old[0] if old else "0",))
+
+
+def _check_session(datestyle: str, encoding: str) -> None:
+    """Refuse (InvalidOption) a caller's session whose settings make psycopg misread what
+    justonce's statements return, or the server refuse what they send. The failure came
+    after the write: an enqueue in autocommit committed its job, then raised
+    NotImplementedError (a timestamptz psycopg cannot parse in DateStyle 'SQL, DMY'), and
+    a retry enqueued it again."""
+    if not datestyle.upper().startswith("ISO"):
+        # psycopg parses ISO output only; the field order (DMY, MDY) is for input only
+        # then, and justonce sends no date text to be read by it.
+        order = datestyle.split(",")[-1].strip() if "," in datestyle else "MDY"
+        raise InvalidOption(
+            f"conn's session has DateStyle {datestyle!r}: psycopg reads timestamps in the ISO "
+            f"output style only; run SET DateStyle = 'ISO, {order}' on it (your field order "
+            "for dates you write stays as it is)")
+    if encoding.upper() not in ("UTF8", "UNICODE"):
+        raise InvalidOption(
+            f"conn's session has client_encoding {encoding!r}, not UTF8: arguments, keys and "
+            "results that the encoding cannot carry would be refused or read back as bytes; "
+            "run SET client_encoding = 'UTF8' on it")
 
 
 def _read_committed(conn: psycopg.Connection) -> None:

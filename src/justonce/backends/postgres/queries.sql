@@ -357,10 +357,13 @@ SELECT queue, pg_notify(%(channel)s, queue) FROM gone
 -- Which database a connection reaches (Dialect.same_database): the database, the
 -- justonce_migrations its search_path finds (NULL: none), and the cluster's identifier
 -- where the role may read it. Needs no privilege on any table and cannot fail (an error
--- would end the caller's transaction).
+-- would end the caller's transaction). Then the caller's session settings that are
+-- checked in the same round trip (_check_session), and the isolation level (tx).
 SELECT current_database(), to_regclass('justonce_migrations')::oid::bigint,
        CASE WHEN has_function_privilege('pg_control_system()', 'EXECUTE')
-            THEN (SELECT system_identifier FROM pg_control_system()) END;
+            THEN (SELECT system_identifier FROM pg_control_system()) END,
+       current_setting('DateStyle'), current_setting('client_encoding'),
+       current_setting('transaction_isolation');
 
 -- name: queue_pauses
 SELECT queue, paused_at, actor, note FROM justonce_queue_pauses ORDER BY queue
