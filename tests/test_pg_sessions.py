@@ -196,3 +196,32 @@ def test_lock_row_needs_an_open_transaction_and_a_table_it_can_see(
     assert app.effects.lock_row(c, f"{schema}.mine", "id", 1, timeout=1) is True
     c.commit()
     assert _count(connect, "SELECT count(*) FROM mine") == 1
+
+
+def test_our_own_sessions_read_iso_dates_in_utf8_whatever_the_databases_defaults() -> None:
+    """A database whose default DateStyle is another (ALTER DATABASE … SET DateStyle = 'SQL,
+    DMY') or whose encoding is not UTF8: our own pooled sessions met psycopg's "can't parse
+    timestamptz with DateStyle" after every write had landed. They set both at startup."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    server = postgres_or_skip()
+    name = f"jo_ds_{uuid.uuid4().hex[:8]}"
+    parts = urlsplit(server)
+    admin = psycopg.connect(server, autocommit=True)
+    try:
+        admin.execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+                      "TEMPLATE template0")
+        admin.execute(f"ALTER DATABASE {name} SET DateStyle = 'SQL, DMY'")
+        url = urlunsplit(parts._replace(path=f"/{name}"))
+        for each in (url, f"{url}?schema=s1"):
+            app = App(each, strict=False)
+            try:
+                app.migrate()
+                job = app.enqueue("t.x", ["é"], delay=5)
+                got = app.get_job(job.id)
+                assert got.args == ["é"] and got.run_at is not None and got.run_at.tzinfo is not None
+            finally:
+                app.close()
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()

@@ -86,7 +86,8 @@ def test_pgbouncer_option_turns_off_prepared_statements_the_startup_schema_and_l
 
     direct = PostgresBackend("postgresql://u@127.0.0.1:5432/db?schema=jobs")
     assert "prepare_threshold" not in direct.pg._kwargs
-    assert direct.pg._kwargs["options"] == "-c search_path=jobs" and direct.pg._local_schema is None
+    assert direct.pg._kwargs["options"] == "-c search_path=jobs -c DateStyle=ISO"
+    assert direct.pg._local_schema is None
     assert direct.waiter(["default"]).listen and not direct.waiter(["default"], listen=False).listen
 
     behind = PostgresBackend("postgresql://u@127.0.0.1:6432/db?schema=jobs&pgbouncer=1")

@@ -277,7 +277,16 @@ class PostgresDialect(Dialect):
             self._local_schema = self.schema
         elif self.schema:
             # Set once per connection at startup: no statement, no round trip.
-            self._kwargs["options"] = f"-c search_path={self.schema}"
+            self._kwargs["options"] = f"-c search_path={self.schema} -c DateStyle=ISO"
+        elif "options" not in given:
+            self._kwargs["options"] = "-c DateStyle=ISO"
+        # Our own sessions read and write as a caller's must (see database_mark): psycopg
+        # parses timestamps in ISO only, and a database whose default DateStyle or
+        # encoding is another (ALTER DATABASE … SET DateStyle = 'SQL, DMY', a LATIN1
+        # database) broke every call after its write had landed. (Through PgBouncer,
+        # which refuses `options`, the server's DateStyle must be ISO's, as by default.)
+        if "client_encoding" not in given:
+            self._kwargs["client_encoding"] = "UTF8"
         self._pool: ConnectionPool | None = None
         self._idle_since: weakref.WeakKeyDictionary[psycopg.Connection, float] = \
             weakref.WeakKeyDictionary()
