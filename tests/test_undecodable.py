@@ -97,3 +97,18 @@ def test_a_corrupt_result_is_shown_as_its_stored_text(app: App, db_url: str,
     got = app.get_job(job.id)
     assert got.result == '{"a": ' and got.undecodable is not None and "result" in got.undecodable
     assert got.state is JobState.SUCCEEDED
+
+
+def test_a_double_encoded_argument_list_reads_as_the_claim_finds_it(app: App, db_url: str) -> None:
+    """A valid JSON text whose value is a string ('"[1,2]"'): get_job decoded it twice and
+    showed [1, 2] while the claim found no list and failed the job as undecodable."""
+    @app.task(name="t.x")
+    def x(*args: Any) -> None:
+        return None
+
+    job = x.enqueue(5)
+    corrupt(db_url, job.id, "args", '"[1,2]"')
+    shown = app.get_job(job.id)
+    assert shown.args == [] and shown.undecodable and "not a JSON list" in shown.undecodable
+    claimed = app.backend.job_claim("default", 1, "me", 30.0)
+    assert [c.undecodable is not None for c in claimed] == [True]

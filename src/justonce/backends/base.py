@@ -469,19 +469,26 @@ def decode_arguments(pairs: list[tuple[str, str]]) -> list[tuple[Any, Any, str |
     return [decode_pair(a, k) for a, k in pairs]
 
 
-def decode_pair(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any], str | None]:
-    """One row's (args, kwargs), as JSON texts or (Postgres jsonb) already decoded:
-    (args, kwargs, None), or ([], {}, what is wrong) when they are not a list and an object."""
+class _Undecoded(str):
+    """An args/kwargs text that did not decode (decode_column): job_from_row names it."""
+
+
+def decode_pair(args: Any, kwargs: Any, decoded: bool = False) -> tuple[list[Any], dict[str, Any], str | None]:
+    """One row's (args, kwargs), as JSON texts or (Postgres jsonb, or ``decoded``: a row
+    decode_column went over) already decoded: (args, kwargs, None), or ([], {}, what is
+    wrong) when they are not a list and an object. (Decoded values are not decoded again:
+    a double-encoded '"[1,2]"' read as [1, 2] through get_job, yet failed its claim.)"""
     out: list[Any] = []
     for name, value, want in (("args", args, list), ("kwargs", kwargs, dict)):
+        text = isinstance(value, _Undecoded) or (not decoded and isinstance(value, str | bytes))
         try:
-            decoded = json.loads(value) if isinstance(value, str | bytes) else value
+            decoded_value = json.loads(value) if text else value
         except ValueError as exc:
             return [], {}, f"{name} does not decode as JSON ({exc}): {_start(value)}"
-        if type(decoded) is not want:
+        if type(decoded_value) is not want:
             return [], {}, (f"{name} is not a JSON {'list' if want is list else 'object'}: "
                             f"{_start(value)}")
-        out.append(decoded)
+        out.append(decoded_value)
     return out[0], out[1], None
 
 
@@ -499,7 +506,8 @@ def decode_column(row: dict[str, Any], col: str) -> None:
         row[col] = json.loads(value)
     except ValueError as exc:
         if col in ("args", "kwargs"):
-            return  # (job_from_row's check names it)
+            row[col] = _Undecoded(value)  # (job_from_row's check names it)
+            return
         row[col] = value if col == "result" else []
         row.setdefault("undecodable", f"{col} does not decode as JSON ({exc}): {_start(value)}")
 
@@ -534,7 +542,7 @@ def job_from_insert(new: NewJob, job_id: int, state: str, run_at: datetime,
 def job_from_row(row: dict[str, Any], duplicate: bool = False) -> Job:
     """Build a Job from a row mapping whose JSON and time columns are already decoded
     (args and kwargs may still be text that did not decode: see Job.undecodable)."""
-    args, kwargs, bad = decode_pair(row["args"], row["kwargs"])
+    args, kwargs, bad = decode_pair(row["args"], row["kwargs"], decoded=True)
     return Job(
         id=row["id"],
         queue=row["queue"],

@@ -234,10 +234,14 @@ class Dialect:
         write lock where the dialect has one (SQLite)."""
         raise NotImplementedError
 
-    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
+    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False,
+           single_write: bool = False) -> T:
         """Run ``fn`` on the caller's connection as it is (inside the caller's transaction),
         or on one of the dialect's own (in a transaction when ``atomic``, or where the
-        dialect needs one for every write)."""
+        dialect needs one for every write). ``single_write``: ``fn`` changes rows with one
+        statement at most (a statement that changed nothing may be sent again), so a
+        dialect whose failed statement undoes itself alone (MySQL) needs no savepoint to
+        leave the caller's transaction as it was."""
         raise NotImplementedError
 
     def locked_tx(self, conn: Any, lock_timeout: float, fn: Callable[[Any], T]) -> T:

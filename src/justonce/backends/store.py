@@ -122,7 +122,8 @@ class Store:
         raise DatabaseUnavailable(f"could not settle key {job.key!r}")  # pragma: no cover
 
     def job_insert(self, job: NewJob, conn: Any = None) -> Job:
-        return self.d.on(conn, lambda c: self._insert_one(c, job))
+        # (one INSERT that changes rows: a second is sent only when the first changed none)
+        return self.d.on(conn, lambda c: self._insert_one(c, job), single_write=True)
 
     def _insert_template(self, c: Any, template: NewJob, args_doc: str, kwargs_doc: str,
                          item_prefix: str | None = None) -> list[int]:

@@ -588,7 +588,13 @@ class Worker:
             return []
         if jobs and failpoints.ACTIVE:
             failpoints.hit("job.after_claim")
-        self._settle(done, accepted)
+        try:
+            self._settle(done, accepted)
+        except Exception:  # noqa: BLE001 - the jobs just claimed must still be held and run
+            # (raised here, they were leased to nobody: never renewed, never started, back
+            # only when their lease ran out, an attempt spent)
+            emit(Event.SLOT_ERROR, "logging the completions written with a claim failed; "
+                 "the claimed jobs run", exc_info=True)
         if jobs and wanted(Event.JOB_CLAIMED, log):
             for job in jobs:
                 emit(Event.JOB_CLAIMED, "job claimed", job_id=job.id, task=job.task,
@@ -953,6 +959,7 @@ class Worker:
                 emit(Event.ACK_ERROR, "could not read whether completions whose reply was lost "
                      "were written, retrying", error=str(exc), pending=len(back),
                      exc_info=not isinstance(exc, JustonceError))
+                self._closed.wait(0.5)  # (as after a failed write: no loop of refused writes)
             else:
                 landed = {i for i, s in settled.items() if s.state is JobState.SUCCEEDED}
         info = wanted(Event.JOB_SUCCEEDED, log)

@@ -685,7 +685,8 @@ class MySQLDialect(Dialect):
 
             return self._retry_deadlock(once)
 
-    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
+    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False,
+           single_write: bool = False) -> T:
         if conn is not None:
             c = self._caller_connection(conn)
             # Your connection in autocommit, outside a transaction: the operation's
@@ -695,7 +696,8 @@ class MySQLDialect(Dialect):
             # statement that failed (a bulk insert cut into statements, one of them killed,
             # left the others' jobs to your COMMIT).
             with _callers_errors():
-                if id(c) not in self._call_savepoint and self._in_transaction(c):
+                if (not single_write and id(c) not in self._call_savepoint
+                        and self._in_transaction(c)):
                     return self._all_or_nothing(c, fn)
                 return self._atomic(c, fn) if atomic else fn(c)
         if atomic:
@@ -706,7 +708,9 @@ class MySQLDialect(Dialect):
     def _all_or_nothing(self, c: pymysql.Connection, fn: Callable[[Any], T]) -> T:
         """``fn(c)`` in the caller's open transaction, its writes undone if it raises: a
         savepoint set before its first write (``before_write``; none for a call that only
-        reads), rolled back to on an error, released when it returns."""
+        reads), rolled back to on an error. Not released when it returns (a round trip a
+        call): the next call's SAVEPOINT of the same name replaces it, and the caller's
+        COMMIT or ROLLBACK ends it."""
         key = id(c)
         self._call_savepoint[key] = False
         try:
@@ -718,6 +722,8 @@ class MySQLDialect(Dialect):
                     with c.cursor() as cur:
                         cur.execute("ROLLBACK TO SAVEPOINT justonce_call")
                 except pymysql.err.MySQLError as undo:
+                    if not isinstance(exc, Exception):
+                        raise exc from undo  # (an interrupt stays one: the caller stops)
                     if _code(undo) in GONE or not c.open:
                         raise  # the session and its transaction are gone (_callers_errors)
                     raise DatabaseUnavailable(
@@ -725,9 +731,7 @@ class MySQLDialect(Dialect):
                         f"transaction could not be undone ({undo.args[-1]}): roll your "
                         "transaction back") from exc
             raise
-        if self._call_savepoint.pop(key, False):
-            with c.cursor() as cur:
-                cur.execute("RELEASE SAVEPOINT justonce_call")
+        self._call_savepoint.pop(key, None)
         return result
 
     def before_write(self, c: pymysql.Connection) -> None:

@@ -343,7 +343,8 @@ class SQLiteDialect(Dialect):
         return applied
 
     # -- the dialect's primitives (dialect.py) ------------------------------------------
-    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False) -> T:
+    def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False,
+           single_write: bool = False) -> T:
         if conn is not None:
             c = self._caller_connection(conn)
             try:
