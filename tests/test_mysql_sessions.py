@@ -212,8 +212,10 @@ def _killer(url: str, how: str, where: str = "STATE = 'User sleep'") -> Iterator
     def watch() -> None:
         while not stop.is_set():
             with c.cursor() as cur:
+                # (this test's database only: a test beside it on the same server, another
+                # xdist worker's, has sessions of its own sleeping in its triggers)
                 cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE "
-                            f"{where} AND ID <> CONNECTION_ID()")
+                            f"{where} AND ID <> CONNECTION_ID() AND DB = DATABASE()")
                 for (pid,) in cur.fetchall():
                     cur.execute(f"KILL {how} {int(pid)}")
                     killed.append(int(pid))

@@ -80,9 +80,9 @@ SMALL_DISK_MB = 24
 """The full-disk scenario's file system: room for a run's database and its WAL."""
 WORKER_POINTS = [p for p in POINTS if p.split(".")[0] in ("job", "ack", "fail", "heartbeat",
                                                           "partition", "effect", "list")
-                 and p not in ("effect.after_chunk", "list.after_append_chunk")]
-"""The failpoints a workload worker passes (run_many's chunk point and a list load's are
-not on its path)."""
+                 and p not in ("effect.after_chunk", "effect.in_finish", "list.after_append_chunk")]
+"""The failpoints a workload worker passes (run_many's chunk points and a list load's are
+not on its path: its tasks' effects go through run)."""
 
 
 # -- databases ------------------------------------------------------------------------------
