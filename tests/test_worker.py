@@ -677,3 +677,28 @@ def test_a_supervisor_that_waits_on_the_database_past_a_heartbeat_is_not_a_pause
     assert (done.state, done.attempts, done.result) == ("succeeded", 1, "done"), done
     assert named(got, "worker.paused") == []
     assert named(got, "job.lease_lost") == [] and named(got, "job.rejected") == []
+
+
+def test_a_child_a_task_forks_that_returns_from_the_task_ends_there(app: App, worker_factory) -> None:
+    """A task forks and its child returns from the task instead of ending itself: the child
+    went on in the worker's loop, completed the job in its parent's place, ran other jobs
+    over its parent's connections and outlived the worker. It ends at the task's return."""
+    import os
+
+    @app.task(name="forks")
+    def forks() -> str:
+        pid = os.fork()
+        if pid == 0:
+            return "child"  # (a child that forgot os._exit)
+        _, status = os.waitpid(pid, 0)
+        return f"parent, child exited {os.waitstatus_to_exitcode(status)}"
+
+    @app.task(name="whose")
+    def whose() -> int:
+        return os.getpid()
+
+    job = forks.enqueue()
+    worker_factory(concurrency=1)
+    assert app.wait(job.id, 20).result == "parent, child exited 0"
+    for other in [whose.enqueue() for _ in range(5)]:
+        assert app.wait(other.id, 20).result == os.getpid()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
 import traceback
@@ -65,9 +66,13 @@ class AsyncRunner:
             if gate is not None and not gate():
                 raise NotStarted()
             _current.set(job)  # this coroutine's own context: concurrent jobs do not mix
+            pid = os.getpid()
             try:
                 async with asyncio.timeout(job.timeout) as deadline:
-                    return await task.fn(*job.args, **job.kwargs)
+                    try:
+                        return await task.fn(*job.args, **job.kwargs)
+                    finally:
+                        _end_a_forked_child(pid)
             except TimeoutError:
                 # The deadline's own TimeoutError, or one the task raised (a socket's or
                 # an inner wait_for's): only the first is the job's timeout.
@@ -109,6 +114,15 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
     finally:
         if not loop.is_running():
             loop.close()
+
+
+def _end_a_forked_child(pid: int) -> None:
+    """In a process the task forked (``os.fork()``) whose child returned or raised from the
+    task instead of ending itself: end it here, at once. It went on in the worker's own
+    loop: it completed the job in its parent's place, claimed and ran other jobs over
+    connections it shared with its parent, and lived on after the worker stopped."""
+    if os.getpid() != pid:
+        os._exit(0)
 
 
 class NotStarted(Exception):
@@ -180,8 +194,12 @@ class Executor:
                 # or error, however late: its return is checked here too, as an async
                 # task's is by its own deadline.
                 ctx = _current.set(job)
+                pid = os.getpid()
                 try:
-                    result = task.fn(*job.args, **job.kwargs)
+                    try:
+                        result = task.fn(*job.args, **job.kwargs)
+                    finally:
+                        _end_a_forked_child(pid)
                 except BaseException:
                     if time.perf_counter() - start > job.timeout:
                         raise Overran from None
