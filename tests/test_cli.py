@@ -387,3 +387,17 @@ def test_every_number_option_reads_numbers_as_they_are_written() -> None:
              if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType))
              and not isinstance(p.type, (Integer, Number)) and p.type is not ID]
     assert not loose, f"number options read with int()/float(): {loose}"
+
+
+def test_an_app_module_that_fails_on_import_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module of --app whose own code raises at import (not ImportError: a RuntimeError of
+    its configuration, a SyntaxError) printed its whole traceback."""
+    (tmp_path / "cfg_raises.py").write_text('raise RuntimeError("JOBS_CONFIG is not set")\n')
+    (tmp_path / "cfg_syntax.py").write_text("def broken(:\n")
+    monkeypatch.chdir(tmp_path)
+    url = ["--database-url", f"sqlite:///{tmp_path / 'x.db'}"]
+    for module, said in (("cfg_raises", "RuntimeError: JOBS_CONFIG is not set"),
+                         ("cfg_syntax", "SyntaxError")):
+        result = run("enqueue", "t", "--app", f"{module}:app", *url, ok=False)
+        assert result.exit_code == 1 and said in result.output, result.output
+        assert "Traceback" not in result.output

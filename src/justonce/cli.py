@@ -156,6 +156,9 @@ def load_app(path: str | None, database_url: str | None, strict: bool = True) ->
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {shown(module_name)} for --app: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed: one line, not its traceback
+        raise ConfigurationError(f"importing {shown(module_name)} for --app raised "
+                                 f"{type(exc).__name__}: {exc}") from None
     if not hasattr(module, attr):
         apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
         raise ConfigurationError(f"--app {shown(path)}: {module_name} has no {attr!r}"
