@@ -389,7 +389,8 @@ def test_every_number_option_reads_numbers_as_they_are_written() -> None:
     assert not loose, f"number options read with int()/float(): {loose}"
 
 
-def test_an_app_module_that_fails_on_import_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_app_module_that_fails_on_import_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module of --app whose own code raises at import (not ImportError: a RuntimeError of
     its configuration, a SyntaxError) printed its whole traceback."""
     (tmp_path / "cfg_raises.py").write_text('raise RuntimeError("JOBS_CONFIG is not set")\n')
