@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ import pytest
 
 import proc_app
 from justonce import App, DatabaseUnavailable, Enqueue
-from pgcluster import Cluster, pg_bin
+from pgcluster import Cluster, own_cluster
 from test_processes import Fleet, ledger, state_counts, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -20,16 +19,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    if pg_bin() is None:
-        msg = "initdb / pg_ctl not found: cannot start a PostgreSQL cluster to restart"
-        if os.environ.get("JUSTONCE_REQUIRE_POSTGRES") == "1":
-            pytest.fail(msg + " (JUSTONCE_REQUIRE_POSTGRES=1)", pytrace=False)
-        pytest.skip(msg)
-    c = Cluster.create()
-    try:
-        yield c
-    finally:
-        c.destroy()
+    yield from own_cluster("restart")
 
 
 def _app_and_fleet(url: str, tmp_path: Path) -> tuple[App, Fleet]:

@@ -7,7 +7,6 @@ document (503) in the browser window. The JSON API keeps its problem documents."
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
@@ -19,7 +18,7 @@ import pytest
 
 from justonce import App
 from justonce.web.app import create_app
-from pgcluster import Cluster, pg_bin, wait_until
+from pgcluster import Cluster, own_cluster, wait_until
 from test_dashboard_browser import chromium  # noqa: F401 (a fixture)
 from test_web_api import assert_problem
 from webserver import Server, serving
@@ -31,16 +30,7 @@ PASSWORD = "never-shown-pw-7f3a"
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
-    if pg_bin() is None:
-        msg = "initdb / pg_ctl not found: cannot start a PostgreSQL cluster to stop"
-        if os.environ.get("JUSTONCE_REQUIRE_POSTGRES") == "1":
-            pytest.fail(msg + " (JUSTONCE_REQUIRE_POSTGRES=1)", pytrace=False)
-        pytest.skip(msg)
-    c = Cluster.create()
-    try:
-        yield c
-    finally:
-        c.destroy()
+    yield from own_cluster("stop")
 
 
 def signed_in(server: Server) -> tuple[httpx.Client, str]:
