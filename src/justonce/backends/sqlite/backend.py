@@ -132,6 +132,20 @@ def _rollback(conn: sqlite3.Connection) -> None:
             pass
 
 
+def _autocommit(c: sqlite3.Connection) -> bool:
+    """Whether the connection commits each statement by itself (isolation_level None, or
+    autocommit=True on Python 3.12+) rather than opening a transaction before a write."""
+    return c.isolation_level is None or getattr(c, "autocommit", None) is True
+
+
+def _not_a_database(exc: BaseException) -> bool:
+    """SQLite's "file is not a database" (or a damaged one): sqlite3.DatabaseError itself,
+    not one of its subclasses (an IntegrityError is the Store's to read)."""
+    return type(exc) is sqlite3.DatabaseError and (
+        getattr(exc, "sqlite_errorname", "") in ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+        or "not a database" in str(exc) or "malformed" in str(exc))
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     msg = str(exc).lower()
     return "locked" in msg or "busy" in msg
@@ -195,6 +209,8 @@ class SQLiteDialect(Dialect):
         self._all: list[tuple[threading.Thread, sqlite3.Connection]] = []
         self._lock = threading.Lock()
         self._schema_ok = False
+        self._calls: dict[int, tuple[int, int]] = {}
+        """The callers' connections in a call now: id → (thread, depth)."""
 
     # -- connections ------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
@@ -252,6 +268,11 @@ class SQLiteDialect(Dialect):
         except sqlite3.OperationalError as exc:  # disk full, I/O error, lock trouble
             _rollback(conn)
             raise DatabaseUnavailable(self._explain(exc)) from exc
+        except sqlite3.DatabaseError as exc:
+            _rollback(conn)
+            if _not_a_database(exc):
+                raise self._not_a_database(exc) from exc
+            raise
         except BaseException:
             _rollback(conn)
             raise
@@ -260,6 +281,12 @@ class SQLiteDialect(Dialect):
         except sqlite3.OperationalError as exc:
             _rollback(conn)
             raise DatabaseUnavailable(self._explain(exc, "commit failed")) from exc
+
+    def _not_a_database(self, exc: sqlite3.Error) -> ConfigurationError:
+        """SQLite's "file is not a database" (or "database disk image is malformed"), said
+        as what it is: the URL names a file that is not a (sound) SQLite database."""
+        return ConfigurationError(f"SQLite database {shown(self.path)}: {exc} (the URL names a "
+                                  "file that is not a SQLite database, or a damaged one)")
 
     def _explain(self, exc: sqlite3.OperationalError, what: str = "") -> str:
         text = f"SQLite{' ' + what if what else ''}: {exc}"
@@ -287,6 +314,10 @@ class SQLiteDialect(Dialect):
                 if time.monotonic() > deadline:
                     raise LockTimeout(f"{what}: {exc} (waited {deadline - start:g}s)") from exc
                 time.sleep(random.uniform(0.00005, 0.0005))
+            except sqlite3.DatabaseError as exc:
+                if _not_a_database(exc):
+                    raise self._not_a_database(exc) from exc
+                raise
 
     # -- schema -----------------------------------------------------------------------
     def schema_version(self) -> int:
@@ -346,24 +377,148 @@ class SQLiteDialect(Dialect):
     def on(self, conn: Any, fn: Callable[[Any], T], atomic: bool = False,
            single_write: bool = False) -> T:
         if conn is not None:
-            c = self._caller_connection(conn)
-            try:
-                return fn(c)
-            except sqlite3.OperationalError as exc:
-                raise self._callers_error(exc) from exc
+            # ``atomic`` holds on the caller's connection too: in autocommit each INSERT of
+            # an enqueue_many committed on its own, and a lock timeout midway left part of
+            # the jobs written.
+            return self._on_callers(conn, fn, begin=atomic, timeout=None)
         return self._write(fn)  # every write takes the file's write lock up front
 
-    def _callers_error(self, exc: sqlite3.OperationalError) -> DatabaseUnavailable:
+    def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
+        if conn is None:
+            return self._write(fn, timeout=timeout)
+        return self._on_callers(conn, fn, begin=True, timeout=timeout)
+
+    def _on_callers(self, conn: Any, fn: Callable[[Any], T], *, begin: bool,
+                    timeout: float | None) -> T:
+        """``fn(c)`` on the caller's connection, all or nothing, leaving the connection as
+        the call found it when the call fails or writes nothing.
+
+        Inside the caller's open transaction: under a savepoint, so that a refused call
+        leaves the caller's own earlier writes and transaction alone. Without one, the
+        transaction is the call's (``BEGIN IMMEDIATE`` when ``begin``; else sqlite3 begins
+        one itself before a write, unless the connection is in autocommit): rolled back
+        if the call fails, and on a connection that is not in autocommit also when the
+        call changed nothing (a refused cancel left the file's write lock held, and every
+        other process's writes waited, for a transaction the caller never began). In
+        autocommit it is committed here; otherwise what the call wrote waits for the
+        caller's COMMIT, as sqlite3's own implicit transaction would."""
+        with self._callers(conn, timeout) as c:
+            if c.in_transaction:
+                return self._under_savepoint(c, fn)
+            auto = _autocommit(c)
+            if begin:
+                self._caller_begin(c, timeout)
+            changes = c.total_changes
+            try:
+                result = fn(c)
+                if auto and c.in_transaction:
+                    c.execute("COMMIT")
+            except BaseException:
+                _rollback(c)  # (only what this call began: there was nothing before it)
+                raise
+            if c.in_transaction and c.total_changes == changes:
+                _rollback(c)  # wrote nothing: no transaction (and no lock) left behind
+            return result
+
+    @staticmethod
+    def _under_savepoint(c: sqlite3.Connection, fn: Callable[[Any], T]) -> T:
+        """``fn(c)`` in the caller's open transaction under a savepoint: a call that fails
+        rolls back to it, and the caller's transaction and earlier writes stay as they
+        were."""
+        c.execute("SAVEPOINT justonce")
+        try:
+            result = fn(c)
+        except BaseException:
+            if c.in_transaction:  # (a full disk rolls the whole transaction back itself)
+                with contextlib.suppress(sqlite3.Error):
+                    c.execute("ROLLBACK TO justonce")
+                    c.execute("RELEASE justonce")
+            raise
+        c.execute("RELEASE justonce")
+        return result
+
+    @contextmanager
+    def _callers(self, conn: Any, timeout: float | None = None) -> Iterator[sqlite3.Connection]:
+        """The caller's connection, checked, set up as justonce's statements need it for
+        the call and put back after it: rows as tuples and text as str whatever its
+        ``row_factory`` and ``text_factory`` (a dict factory failed every call with
+        ``KeyError: 1``, bytes text read the file's name as bytes and refused the
+        connection as another file's); its busy timeout ``timeout`` (a lock timeout asked
+        for) for every statement of the call; SQLite's errors as justonce's."""
+        c = self._caller_connection(conn)
+        with self._one_thread(c), self._as_ours(c, timeout):
+            yield c
+
+    @contextmanager
+    def _one_thread(self, c: sqlite3.Connection) -> Iterator[None]:
+        """Refuse a call on a connection that another thread's justonce call is using
+        (``check_same_thread=False`` shared by threads): the two calls' BEGIN, SAVEPOINT
+        and COMMIT interleaved and failed with SQLite's puzzles ("no such savepoint",
+        "cannot commit - no transaction is active")."""
+        me = threading.get_ident()
+        with self._lock:
+            thread, depth = self._calls.get(id(c), (me, 0))
+            if thread != me:
+                raise InvalidOption("conn is in a justonce call of another thread: a sqlite3 "
+                                    "connection serves one thread at a time (check_same_thread="
+                                    "False does not make it safe to share); give each thread "
+                                    "its own")
+            self._calls[id(c)] = (me, depth + 1)
+        try:
+            yield
+        finally:
+            with self._lock:
+                if depth:
+                    self._calls[id(c)] = (me, depth)
+                else:
+                    self._calls.pop(id(c), None)
+
+    @contextmanager
+    def _as_ours(self, c: sqlite3.Connection, timeout: float | None) -> Iterator[None]:
+        """See _callers."""
+        rows, text = c.row_factory, c.text_factory
+        c.row_factory, c.text_factory = None, str
+        try:
+            try:
+                self.same_database(c)
+                with (contextlib.nullcontext() if timeout is None
+                      else _busy_wait(c, round(timeout * 1000))):
+                    yield
+            except sqlite3.Error as exc:
+                if self.is_unique_violation(exc):
+                    raise  # (the Store says what a taken key means for the call)
+                raise self._callers_error(exc, timeout) from exc
+        finally:
+            c.row_factory, c.text_factory = rows, text
+
+    def _callers_error(self, exc: sqlite3.Error, timeout: float | None = None) -> Exception:
         """SQLite's error on your connection, as justonce's."""
-        if _is_busy(exc):
-            # A read transaction of the caller's that another writer overtook cannot
-            # become a write transaction (at once, whatever the busy timeout): the caller
-            # must roll back and try again. Or the write lock stayed taken past the timeout.
-            return LockTimeout(f"SQLite: {exc} (your transaction read before another writer "
-                               "committed, or waited past its busy timeout: roll it back and run "
-                               "it again; start a write transaction with BEGIN IMMEDIATE before "
-                               "calling justonce on your connection)")
-        return DatabaseUnavailable(self._explain(exc))
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+            if name == "SQLITE_BUSY_SNAPSHOT":
+                # A read transaction of the caller's that another writer overtook cannot
+                # become a write transaction (at once, whatever the busy timeout).
+                return LockTimeout(
+                    f"SQLite: {exc} (your transaction read before another writer committed, "
+                    "so it cannot write now: roll it back and run it again; start a write "
+                    "transaction with BEGIN IMMEDIATE before calling justonce on your connection)")
+            waited = (f"the lock_timeout of {timeout:g}s" if timeout is not None
+                      else "your connection's busy timeout")
+            return LockTimeout(f"SQLite: {exc} (another connection held the database's write "
+                               f"lock past {waited}: nothing of this call was written)")
+        if name.startswith("SQLITE_READONLY") or "readonly" in str(exc).lower():
+            return InvalidOption(
+                f"conn cannot write: {exc} (a read-only connection: PRAGMA query_only, "
+                "mode=ro, or a file it may not write; justonce's call writes)")
+        if isinstance(exc, sqlite3.OperationalError):
+            return DatabaseUnavailable(self._explain(exc))
+        if _not_a_database(exc):
+            return self._not_a_database(exc)
+        # A constraint or a misuse that justonce's own statements do not make: something
+        # on the connection changes them (a function of yours under SQLite's name, the
+        # connection used by another thread meanwhile).
+        return InvalidOption(f"SQLite refused justonce's statement on conn: "
+                             f"{type(exc).__name__}: {exc}")
 
     def database_mark(self, c: sqlite3.Connection) -> Any:
         files = [r[2] for r in self.rows(c, "database_mark", {}) if r[1] == "main"]
@@ -395,41 +550,7 @@ class SQLiteDialect(Dialect):
         except sqlite3.ProgrammingError:
             raise InvalidOption("conn is closed") from None
         self._ensure_schema()
-        self.same_database(conn)
         return conn
-
-    def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
-        if conn is None:
-            return self._write(fn, timeout=timeout)
-        c = self._caller_connection(conn)
-        # Inside the caller's transaction (opened here if the connection has none, as
-        # sqlite3 itself would before a write), under a savepoint so that a refused call
-        # leaves the caller's own writes alone. A connection in autocommit mode
-        # (isolation_level None, or autocommit=True on Python 3.12+) gets a transaction of
-        # its own, committed here.
-        own = not c.in_transaction and (
-            c.isolation_level is None or getattr(c, "autocommit", None) is True)
-        if not c.in_transaction:
-            self._caller_begin(c, timeout)
-        c.execute("SAVEPOINT justonce")
-        try:
-            result = fn(c)
-        except BaseException as exc:
-            if c.in_transaction:  # (a full disk rolls the whole transaction back itself)
-                try:
-                    c.execute("ROLLBACK TO justonce")
-                    c.execute("RELEASE justonce")
-                except sqlite3.Error:
-                    pass
-            if own:
-                _rollback(c)
-            if isinstance(exc, sqlite3.OperationalError):
-                raise self._callers_error(exc) from exc
-            raise
-        c.execute("RELEASE justonce")
-        if own:
-            c.execute("COMMIT")
-        return result
 
     def rows(self, c: sqlite3.Connection, name: str, params: dict[str, Any]) -> list[Any]:
         return c.execute(Q[name], _params(params)).fetchall()
@@ -485,25 +606,42 @@ class SQLiteDialect(Dialect):
         return self.tx(conn, fn, timeout=lock_timeout)
 
     def row_lock(self, conn: Any, table: str, column: str, value: Any, timeout: float) -> bool:
-        c = self._caller_connection(conn)
-        if not c.in_transaction:
-            # Opened here and left open: the lock lasts until the caller commits.
-            self._caller_begin(c, timeout)
-        # SQLite locks the whole database for a writer: a no-op UPDATE takes that lock
-        # (upgrading a read transaction) and says whether the row exists.
-        t, col = _quoted(table), _quoted(column)
-        with _busy_wait(c, 0):
-            cur = self._busy_retry(
-                lambda: c.execute(f"UPDATE {t} SET {col} = {col} WHERE {col} = ?", (value,)),
-                f"lock on {table}", timeout)
-        return cur.rowcount > 0
+        with self._callers(conn) as c:
+            began = not c.in_transaction
+            if began:
+                # Opened here and left open: the lock lasts until the caller commits.
+                self._caller_begin(c, timeout)
+            # SQLite locks the whole database for a writer: a no-op UPDATE takes that lock
+            # (upgrading a read transaction) and says whether the row exists.
+            t, col = _quoted(table), _quoted(column)
+            try:
+                with _busy_wait(c, 0):
+                    cur = self._busy_retry(
+                        lambda: c.execute(f"UPDATE {t} SET {col} = {col} WHERE {col} = ?", (value,)),
+                        f"lock on {table}", timeout)
+            except BaseException:
+                if began:
+                    _rollback(c)  # (the call's own transaction: the connection as it was)
+                raise
+            if cur.rowcount > 0:
+                return True
+            if began:
+                _rollback(c)  # no such row: nothing locked, as on the other databases
+            return False
 
     def _caller_begin(self, c: sqlite3.Connection, timeout: float | None) -> None:
         """BEGIN IMMEDIATE on the caller's connection, waiting at most ``timeout`` (the
         connection's own busy timeout is set aside meanwhile: ours decides)."""
-        with _busy_wait(c, 0):
-            self._busy_retry(lambda: c.execute("BEGIN IMMEDIATE"), "SQLite write lock not available",
-                             timeout)
+        try:
+            with _busy_wait(c, 0):
+                self._busy_retry(lambda: c.execute("BEGIN IMMEDIATE"),
+                                 "SQLite write lock not available", timeout)
+        except DatabaseUnavailable as exc:
+            # Not the lock: what the connection itself refuses (a read-only one), said as
+            # on any other statement of the call.
+            if isinstance(exc, LockTimeout) or not isinstance(exc.__cause__, sqlite3.Error):
+                raise
+            raise self._callers_error(exc.__cause__, timeout) from exc.__cause__
 
     def fence_connection(self, conn: Any) -> sqlite3.Connection:
         c = self._caller_connection(conn)
