@@ -307,3 +307,42 @@ def test_sqlite_errors_on_the_callers_connection_are_justonces(lite: tuple[App, 
         t.join()
     shared.close()
     assert raw == []
+
+
+@pytest.mark.parametrize("isolation", ["", None])
+def test_an_enqueue_per_row_of_a_returning_cursor_still_being_read_works(
+        lite: tuple[App, str], isolation: str | None) -> None:
+    """An enqueue for each row of the caller's UPDATE … RETURNING, read as it goes: SQLite
+    refuses a SAVEPOINT while that statement runs, and a call of one write statement took
+    one (every enqueue raised "cannot open savepoint - SQL statements in progress")."""
+    app, path = lite
+    c = sqlite3.connect(path, isolation_level=isolation)
+    try:
+        c.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, state TEXT)")
+        c.executemany("INSERT INTO orders (id, state) VALUES (?, 'new')", [(1,), (2,), (3,)])
+        if isolation is not None:
+            c.commit()
+        for (oid,) in c.execute("UPDATE orders SET state = 'queued' RETURNING id"):
+            app.enqueue("test_sqlite_conn.noop", [oid], conn=c)
+        if c.in_transaction:
+            c.commit()
+    finally:
+        c.close()
+    assert _count(path) == 3
+    assert _count(path, "SELECT count(*) FROM orders WHERE state = 'queued'") == 3
+
+
+def test_run_many_that_finds_every_key_done_leaves_no_transaction_behind(lite: tuple[App, str]) -> None:
+    """run_many on a default connection whose keys are all done already: its chunk's row was
+    written and dropped, which counted as a change, so the transaction the call began
+    stayed open and held the file's write lock against every other process."""
+    app, path = lite
+    app.effects.run_many("done-all", [1, 2, 3], lambda idem: None)
+    c = sqlite3.connect(path)  # (isolation_level "": sqlite3 begins before a write)
+    try:
+        out = app.effects.run_many("done-all", [1, 2, 3], lambda idem: None, conn=c)
+        assert out.skipped["done"] == 3
+        assert not c.in_transaction
+        assert _other_process_can_write(path) == "yes"
+    finally:
+        c.close()

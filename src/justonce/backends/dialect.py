@@ -123,6 +123,11 @@ class Dialect:
 
         return self.tx(None, run)
 
+    def wrote_nothing(self, c: Any) -> None:
+        """The call running on ``c`` leaves nothing written (it undid what it wrote: a chunk
+        of effects that claimed nothing drops its row): a dialect may end a transaction the
+        call began on a caller's connection. Default: nothing."""
+
     def guard_idle(self, c: Any, idle_limit: float) -> None:
         """In ``c``'s open transaction: the server ends the session if it stays idle in this
         transaction longer than ``idle_limit`` s. Default: nothing (no such setting)."""

@@ -139,6 +139,7 @@ class EffectOps:
                               self.d.rows(c, "effect_take_many", {**params, "keys": self.d.array(take)}))
             if not tokens:
                 self.d.rows(c, "effect_chunk_drop", {"chunk": chunk})
+                self.d.wrote_nothing(c)
             # A key the lock did not return is done (the lock leaves done entries out).
             return chunk, [(k, found.get(k, "done"), tokens.get(k)) for k in ordered]
 

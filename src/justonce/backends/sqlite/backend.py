@@ -210,6 +210,8 @@ class SQLiteDialect(Dialect):
         self._lock = threading.Lock()
         self._schema_ok = False
         self._calls: dict[int, tuple[int, int]] = {}
+        self._undone: set[int] = set()
+        """ids of callers' connections whose running call undid its writes (wrote_nothing)."""
         """The callers' connections in a call now: id → (thread, depth)."""
 
     # -- connections ------------------------------------------------------------------
@@ -379,9 +381,15 @@ class SQLiteDialect(Dialect):
         if conn is not None:
             # ``atomic`` holds on the caller's connection too: in autocommit each INSERT of
             # an enqueue_many committed on its own, and a lock timeout midway left part of
-            # the jobs written.
-            return self._on_callers(conn, fn, begin=atomic, timeout=None)
+            # the jobs written. A call of one write statement needs no savepoint in the
+            # caller's transaction (a failed statement undoes itself), and must not take
+            # one: SQLite refuses a SAVEPOINT while a statement of the caller's runs (an
+            # enqueue per row of an UPDATE … RETURNING the caller is reading).
+            return self._on_callers(conn, fn, begin=atomic, timeout=None, savepoint=not single_write)
         return self._write(fn)  # every write takes the file's write lock up front
+
+    def wrote_nothing(self, c: Any) -> None:
+        self._undone.add(id(c))
 
     def tx(self, conn: Any, fn: Callable[[Any], T], timeout: float | None = None) -> T:
         if conn is None:
@@ -389,7 +397,7 @@ class SQLiteDialect(Dialect):
         return self._on_callers(conn, fn, begin=True, timeout=timeout)
 
     def _on_callers(self, conn: Any, fn: Callable[[Any], T], *, begin: bool,
-                    timeout: float | None) -> T:
+                    timeout: float | None, savepoint: bool = True) -> T:
         """``fn(c)`` on the caller's connection, all or nothing, leaving the connection as
         the call found it when the call fails or writes nothing.
 
@@ -404,11 +412,12 @@ class SQLiteDialect(Dialect):
         caller's COMMIT, as sqlite3's own implicit transaction would."""
         with self._callers(conn, timeout) as c:
             if c.in_transaction:
-                return self._under_savepoint(c, fn)
+                return self._under_savepoint(c, fn) if savepoint else fn(c)
             auto = _autocommit(c)
             if begin:
                 self._caller_begin(c, timeout)
             changes = c.total_changes
+            self._undone.discard(id(c))
             try:
                 result = fn(c)
                 if auto and c.in_transaction:
@@ -416,7 +425,10 @@ class SQLiteDialect(Dialect):
             except BaseException:
                 _rollback(c)  # (only what this call began: there was nothing before it)
                 raise
-            if c.in_transaction and c.total_changes == changes:
+            finally:
+                undone = id(c) in self._undone
+                self._undone.discard(id(c))
+            if c.in_transaction and (c.total_changes == changes or undone):
                 _rollback(c)  # wrote nothing: no transaction (and no lock) left behind
             return result
 
