@@ -661,14 +661,12 @@ class PostgresDialect(Dialect):
             # The session ended (the server shut it down, the network broke) or a statement
             # was cancelled (your statement_timeout, pg_cancel_backend): say what is left.
             what = f"PostgreSQL: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-            alive = c is not None and not c.closed
-            if alive and c is not None and c.info.transaction_status == \
-                    psycopg.pq.TransactionStatus.INTRANS:
+            status = None if c is None or c.closed else c.info.transaction_status
+            if status == psycopg.pq.TransactionStatus.INTRANS:
                 raise DatabaseUnavailable(
                     f"{what}: what this call wrote in your transaction was undone; your "
                     "transaction is still open, with your own writes, and usable") from exc
-            if alive and c is not None and c.autocommit and c.info.transaction_status == \
-                    psycopg.pq.TransactionStatus.IDLE:
+            if status == psycopg.pq.TransactionStatus.IDLE and c is not None and c.autocommit:
                 raise DatabaseUnavailable(
                     f"{what}: this call ran in a transaction of its own on conn (autocommit), "
                     "which was rolled back: nothing of it was written") from exc

@@ -210,9 +210,9 @@ class SQLiteDialect(Dialect):
         self._lock = threading.Lock()
         self._schema_ok = False
         self._calls: dict[int, tuple[int, int]] = {}
+        """The callers' connections in a call now: id → (thread, depth)."""
         self._undone: set[int] = set()
         """ids of callers' connections whose running call undid its writes (wrote_nothing)."""
-        """The callers' connections in a call now: id → (thread, depth)."""
 
     # -- connections ------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
